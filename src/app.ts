@@ -1,0 +1,47 @@
+import { Hono } from 'hono'
+import type { Config } from './config/schema.js'
+import type { Forward } from './forward.js'
+import { silentLogger, type Logger } from './log.js'
+import { createPipeline } from './pipeline.js'
+import { FencegateError, problemResponse } from './problems.js'
+import { createRouter } from './route.js'
+import type { Store } from './store/store.js'
+
+/** What the data plane is built from; every part is injected so each runtime wires its own. */
+export interface AppDeps {
+  config: Config
+  store: Store
+  forward: Forward
+  log?: Logger
+}
+
+export type AppEnv = { Variables: { requestId: string } }
+
+const requestIdPattern = /^[A-Za-z0-9._:-]{1,128}$/
+
+/** Accepts a well-formed `X-Request-Id` or makes one, so every answer and log line carries an id. */
+export function requestIdOf(request: Request): string {
+  const given = request.headers.get('x-request-id')
+  return given !== null && requestIdPattern.test(given) ? given : crypto.randomUUID()
+}
+
+/**
+ * Builds the data-plane Hono app. It imports nothing from `node:*`, so the same
+ * core runs on Node and on fetch-based runtimes.
+ *
+ * @example
+ * const app = createApp({ config, store: createStore(await openPglite()), forward: createUndiciForward() })
+ * const res = await app.request('/payments/42/capture', { method: 'POST', headers: { 'x-execution-fence': '7' } })
+ */
+export function createApp(deps: AppDeps): Hono<AppEnv> {
+  const log = deps.log ?? silentLogger
+  const handle = createPipeline({ ...deps, router: createRouter(deps.config.routes), log })
+  const app = new Hono<AppEnv>()
+  app.use(async (c, next) => {
+    c.set('requestId', requestIdOf(c.req.raw))
+    await next()
+  })
+  app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
+  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId')))
+  return app
+}

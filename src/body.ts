@@ -1,0 +1,72 @@
+import { FencegateError } from './problems.js'
+
+/**
+ * Reads a request body into memory, refusing more than `limit` bytes: commands
+ * whose fence is checked are buffered because their SHA-256 is recorded before
+ * anything is forwarded.
+ */
+export async function readBody(request: Request, limit: number): Promise<Uint8Array> {
+  rejectDeclaredOversize(request, limit)
+  if (!request.body) return new Uint8Array(0)
+  const chunks: Uint8Array[] = []
+  let size = 0
+  const reader = request.body.getReader()
+  for (;;) {
+    const { done, value } = await reader.read()
+    if (done) break
+    size += value.byteLength
+    if (size > limit) {
+      await reader.cancel().catch(() => {})
+      throw tooLarge(limit)
+    }
+    chunks.push(value)
+  }
+  if (chunks.length === 1) return chunks[0]!
+  const body = new Uint8Array(size)
+  let offset = 0
+  for (const c of chunks) {
+    body.set(c, offset)
+    offset += c.byteLength
+  }
+  return body
+}
+
+/**
+ * Passes a body through as a stream, failing it once more than `limit` bytes
+ * went by; `exceeded()` tells the pipeline why the upstream request broke.
+ */
+export function limitBody(request: Request, limit: number): { body: ReadableStream<Uint8Array> | null; exceeded: () => boolean } {
+  rejectDeclaredOversize(request, limit)
+  let size = 0
+  let over = false
+  if (!request.body) return { body: null, exceeded: () => false }
+  const body = request.body.pipeThrough(new TransformStream<Uint8Array, Uint8Array>({
+    transform(chunk, controller) {
+      size += chunk.byteLength
+      if (size > limit) {
+        over = true
+        controller.error(tooLarge(limit))
+        return
+      }
+      controller.enqueue(chunk)
+    },
+  }))
+  return { body, exceeded: () => over }
+}
+
+function rejectDeclaredOversize(request: Request, limit: number): void {
+  const declared = request.headers.get('content-length')
+  if (declared !== null && /^\d+$/.test(declared) && Number(declared) > limit) throw tooLarge(limit)
+}
+
+function tooLarge(limit: number): FencegateError {
+  return new FencegateError('body_too_large', `the request body exceeds ${limit} bytes`, { limit })
+}
+
+/** Lower-case hex SHA-256, via Web Crypto so it runs on every runtime. */
+export async function sha256Hex(bytes: Uint8Array): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes as Uint8Array<ArrayBuffer>))
+  let hex = ''
+  for (const b of digest) hex += b.toString(16).padStart(2, '0')
+  return hex
+}

@@ -1,0 +1,123 @@
+import { z } from 'zod'
+import { parseSize } from './units.js'
+import { compileEntityTemplate, compilePathPattern, compileRoute, reservedPrefix } from '../route.js'
+
+const port = z.union([z.number(), z.string().regex(/^\d+$/, 'expected a port number')])
+  .transform(Number)
+  .pipe(z.number().int().min(0).max(65535))
+
+const size = z.union([z.number(), z.string()]).transform((v, ctx) => {
+  const bytes = parseSize(v)
+  if (bytes === undefined || bytes < 1) {
+    ctx.addIssue({ code: 'custom', message: `expected a size such as 1MiB or 65536, got ${JSON.stringify(v)}` })
+    return z.NEVER
+  }
+  return bytes
+})
+
+const upstream = z.string().transform((v, ctx) => {
+  let url: URL
+  try {
+    url = new URL(v)
+  } catch {
+    ctx.addIssue({ code: 'custom', message: `expected an http(s) URL, got ${JSON.stringify(v)}` })
+    return z.NEVER
+  }
+  if (!['http:', 'https:'].includes(url.protocol) || url.username || url.password || url.search || url.hash) {
+    ctx.addIssue({ code: 'custom', message: 'expected an http(s) URL without credentials, query or fragment' })
+    return z.NEVER
+  }
+  return { origin: url.origin, basePath: url.pathname.replace(/\/+$/, '') }
+})
+
+export const routeSchema = z.object({
+  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'expected 1-64 letters, digits, _ . -'),
+  method: z.string().transform((m) => m.toUpperCase()).pipe(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])),
+  path: z.string().superRefine((p, ctx) => {
+    if (p === reservedPrefix.slice(0, -1) || p.startsWith(reservedPrefix)) ctx.addIssue({ code: 'custom', message: `${reservedPrefix} is reserved for fencegate itself` })
+    try {
+      compilePathPattern(p)
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: (e as Error).message })
+    }
+  }),
+  upstream,
+  entity: z.string().optional().superRefine((t, ctx) => {
+    if (t === undefined) return
+    try {
+      compileEntityTemplate(t)
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: (e as Error).message })
+    }
+  }),
+  fence: z.enum(['required', 'optional', 'off']).default('required'),
+  timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+}).strict().superRefine((r, ctx) => {
+  if (r.fence !== 'off' && r.entity === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['entity'], message: `required when fence is ${r.fence}` })
+  }
+  try {
+    compileRoute(r)
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', path: ['entity'], message: (e as Error).message })
+  }
+})
+
+export const configSchema = z.object({
+  server: z.object({
+    host: z.string().min(1).default('127.0.0.1'),
+    port: port.default(8080),
+    admin_host: z.string().min(1).default('127.0.0.1'),
+    admin_port: port.default(8081),
+    max_request_body: size.default(1024 * 1024),
+  }).strict().prefault({}),
+  store: z.object({
+    url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
+      z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
+    ),
+    data_dir: z.string().min(1).default('.fencegate'),
+  }).strict().prefault({}),
+  log: z.object({
+    level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),
+  }).strict().prefault({}),
+  routes: z.array(routeSchema).min(1, 'at least one route is required'),
+}).strict().superRefine((c, ctx) => {
+  const names = new Set<string>()
+  const shapes = new Set<string>()
+  c.routes.forEach((r, i) => {
+    if (names.has(r.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name ${r.name}` })
+    names.add(r.name)
+    const shape = `${r.method} ${r.path.replace(/:[^/]+/g, ':')}`
+    if (shapes.has(shape)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'path'], message: `another route already matches ${r.method} ${r.path}` })
+    shapes.add(shape)
+  })
+})
+
+/** The validated configuration. */
+export type Config = z.output<typeof configSchema>
+/** One validated route. */
+export type RouteConfig = z.output<typeof routeSchema>
+
+/** A configuration error that names every bad field. */
+export class ConfigError extends Error {
+  override name = 'ConfigError'
+  constructor(readonly problems: string[]) {
+    super(`invalid configuration:\n  ${problems.join('\n  ')}`)
+  }
+}
+
+function formatPath(path: PropertyKey[]): string {
+  return path.reduce<string>((acc, p) => (typeof p === 'number' ? `${acc}[${p}]` : acc ? `${acc}.${String(p)}` : String(p)), '') || '(root)'
+}
+
+/**
+ * Validates a parsed configuration object, throwing a ConfigError that names each bad field.
+ *
+ * @example
+ * const config = parseConfig({ routes: [{ name: 'r', method: 'POST', path: '/x/:id', upstream: 'http://127.0.0.1:9001', entity: 'x:{params.id}' }] })
+ */
+export function parseConfig(input: unknown): Config {
+  const result = configSchema.safeParse(input ?? {})
+  if (!result.success) throw new ConfigError(result.error.issues.map((i) => `${formatPath(i.path)}: ${i.message}`))
+  return result.data
+}

@@ -1,0 +1,105 @@
+import { serve, type ServerType } from '@hono/node-server'
+import type { AddressInfo } from 'node:net'
+import { createAdminApp } from './admin.js'
+import { createApp } from './app.js'
+import type { Config } from './config/schema.js'
+import { createLogger, type Logger } from './log.js'
+import { createUndiciForward } from './node/forward.js'
+import type { Db } from './store/db.js'
+import { migrate } from './store/migrate.js'
+import { loadMigrations } from './store/migrations-fs.js'
+import { openPglite } from './store/pglite.js'
+import { connectPostgres } from './store/postgres.js'
+import { createStore, type Store } from './store/store.js'
+
+/** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
+export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
+  return explicit || config.store.url || env.DATABASE_URL || undefined
+}
+
+/** Opens the Db for a URL (PostgreSQL) or a data directory (embedded PGlite) and migrates it. */
+export async function openDb(url: string | undefined, dataDir: string): Promise<Db> {
+  const db = url ? connectPostgres(url) : await openPglite(dataDir)
+  try {
+    await migrate(db, loadMigrations())
+    return db
+  } catch (err) {
+    await db.close().catch(() => {})
+    throw err
+  }
+}
+
+export interface RunningGateway {
+  dataUrl: string
+  adminUrl: string
+  store: Store
+  /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes pools and the store. */
+  close(graceMs?: number): Promise<void>
+}
+
+/**
+ * Starts both planes on Node: the data plane on `server.host:port`, the admin
+ * plane on `server.admin_host:admin_port`.
+ *
+ * @example
+ * const gw = await startGateway({ config, databaseUrl: process.env.DATABASE_URL })
+ * console.log(gw.dataUrl)
+ */
+export async function startGateway(options: { config: Config; databaseUrl?: string; log?: Logger }): Promise<RunningGateway> {
+  const { config } = options
+  const log = options.log ?? createLogger(config.log.level)
+  const db = await openDb(options.databaseUrl, config.store.data_dir)
+  const store = createStore(db)
+  const upstream = createUndiciForward()
+  const app = createApp({ config, store, forward: upstream.forward, log })
+  const admin = createAdminApp({ store })
+  let data: ServerType | undefined
+  let adminServer: ServerType | undefined
+  try {
+    data = await listen(app.fetch, config.server.host, config.server.port)
+    adminServer = await listen(admin.fetch, config.server.admin_host, config.server.admin_port)
+  } catch (err) {
+    data?.close()
+    await upstream.close()
+    await store.close()
+    throw err
+  }
+  const dataUrl = urlOf(data, config.server.host)
+  const adminUrl = urlOf(adminServer, config.server.admin_host)
+  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length })
+  return {
+    dataUrl,
+    adminUrl,
+    store,
+    async close(graceMs = 10_000) {
+      await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
+      await upstream.close()
+      await store.close()
+    },
+  }
+}
+
+function listen(fetch: (request: Request) => Response | Promise<Response>, hostname: string, port: number): Promise<ServerType> {
+  return new Promise((resolve, reject) => {
+    const server = serve({ fetch, hostname, port }, () => resolve(server))
+    server.once('error', reject)
+  })
+}
+
+function urlOf(server: ServerType, host: string): string {
+  const { port } = server.address() as AddressInfo
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
+}
+
+function stop(server: ServerType, graceMs: number): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      if ('closeAllConnections' in server) server.closeAllConnections()
+    }, graceMs)
+    server.close(() => {
+      clearTimeout(timer)
+      resolve()
+    })
+    if ('closeIdleConnections' in server) server.closeIdleConnections()
+  })
+}

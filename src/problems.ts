@@ -1,0 +1,84 @@
+/**
+ * Every error fencegate answers with, in one place: a stable `code`, its HTTP
+ * status and a title. Clients branch on `code`; titles are for people.
+ */
+export const problemCatalog = {
+  no_route: { status: 404, title: 'No route matches this request' },
+  invalid_request: { status: 400, title: 'The request is malformed' },
+  invalid_fence: { status: 400, title: 'X-Execution-Fence is not a valid fence' },
+  fence_required: { status: 428, title: 'This route requires X-Execution-Fence' },
+  entity_unresolved: { status: 400, title: 'The entity could not be resolved from the request' },
+  stale_fence: { status: 409, title: 'A higher fence has already been accepted for this entity' },
+  body_too_large: { status: 413, title: 'The request body exceeds the configured limit' },
+  upstream_unreachable: { status: 502, title: 'The upstream could not be reached' },
+  upstream_timeout: { status: 504, title: 'The upstream did not answer in time' },
+  store_unavailable: { status: 503, title: 'The store is unavailable; nothing was forwarded' },
+  invalid_query: { status: 400, title: 'A query parameter is invalid' },
+  not_found: { status: 404, title: 'Not found' },
+  internal_error: { status: 500, title: 'Internal error' },
+} as const satisfies Record<string, { status: number; title: string }>
+
+/** A stable machine-readable error code, e.g. `stale_fence`. */
+export type ProblemCode = keyof typeof problemCatalog
+
+/** Extension members a problem may carry next to the RFC 9457 ones. */
+export type ProblemExtras = Record<string, string | number | boolean | null>
+
+/**
+ * The one error base of fencegate. Throw it anywhere in a request; the app's
+ * `onError` turns it into `application/problem+json`.
+ *
+ * @example
+ * throw new FencegateError('invalid_fence', 'X-Execution-Fence must be a decimal integer')
+ */
+export class FencegateError extends Error {
+  readonly code: ProblemCode
+  readonly status: number
+  readonly detail: string
+  readonly extras: ProblemExtras
+  readonly headers: Record<string, string>
+
+  constructor(code: ProblemCode, detail?: string, extras: ProblemExtras = {}, headers: Record<string, string> = {}) {
+    super(detail ?? problemCatalog[code].title)
+    this.name = 'FencegateError'
+    this.code = code
+    this.status = problemCatalog[code].status
+    this.detail = detail ?? problemCatalog[code].title
+    this.extras = extras
+    this.headers = headers
+  }
+}
+
+/** The JSON body of a problem response (RFC 9457). */
+export interface ProblemBody {
+  type: string
+  title: string
+  status: number
+  detail: string
+  code: ProblemCode
+  request_id?: string
+  [extra: string]: unknown
+}
+
+/** Builds the problem+json body for an error; unknown errors become a bare `internal_error`. */
+export function problemBody(err: FencegateError, requestId?: string): ProblemBody {
+  const body: ProblemBody = {
+    ...err.extras,
+    type: `urn:fencegate:problem:${err.code}`,
+    title: problemCatalog[err.code].title,
+    status: err.status,
+    detail: err.detail,
+    code: err.code,
+  }
+  if (requestId) body.request_id = requestId
+  return body
+}
+
+/** Renders any thrown value as a problem+json Response without leaking internal messages. */
+export function problemResponse(err: unknown, requestId?: string): Response {
+  const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
+  const headers = new Headers(problem.headers)
+  headers.set('content-type', 'application/problem+json')
+  if (requestId) headers.set('x-request-id', requestId)
+  return new Response(JSON.stringify(problemBody(problem, requestId)), { status: problem.status, headers })
+}

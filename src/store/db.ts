@@ -1,0 +1,74 @@
+/**
+ * The thin seam between fencegate's SQL and a driver. Store code writes plain
+ * parameterised tagged templates against `Db`; postgres.js and PGlite each
+ * provide one, so the same statements run on both.
+ */
+export type SqlValue = string | number | boolean | null | undefined | Uint8Array
+export type Row = Record<string, unknown>
+
+export interface Db {
+  readonly kind: 'postgres' | 'pglite'
+  /** Runs one parameterised statement: every `${value}` is a bind parameter, never text. */
+  sql<T = Row>(strings: TemplateStringsArray, ...values: SqlValue[]): Promise<T[]>
+  /** Runs a script of several statements without parameters (migrations only). */
+  exec(script: string): Promise<void>
+  /** Runs `fn` in one transaction; it commits when `fn` resolves and rolls back when it throws. */
+  begin<T>(fn: (tx: Db) => Promise<T>): Promise<T>
+  close(): Promise<void>
+}
+
+/**
+ * A failure of the store, carrying only the SQLSTATE or driver code: the
+ * driver's message may quote data and never reaches a client or a log.
+ */
+export class StoreError extends Error {
+  override name = 'StoreError'
+  constructor(readonly sqlstate: string | undefined, readonly driverCode: string | undefined) {
+    super(`store failure (${sqlstate ?? driverCode ?? 'unknown'})`)
+  }
+}
+
+const sqlstatePattern = /^[0-9A-Z]{5}$/
+
+/** Wraps any driver error into a StoreError, recognising the SQLSTATE when there is one. */
+export function toStoreError(err: unknown): StoreError {
+  if (err instanceof StoreError) return err
+  const code = (err as { code?: unknown } | null)?.code
+  if (typeof code === 'string' && sqlstatePattern.test(code)) return new StoreError(code, undefined)
+  return new StoreError(undefined, typeof code === 'string' ? code.slice(0, 40) : undefined)
+}
+
+/** SQLSTATEs fencegate reacts to by name. */
+export const sqlstate = {
+  uniqueViolation: '23505',
+  serializationFailure: '40001',
+  deadlockDetected: '40P01',
+} as const
+
+/** Joins a template into `$1, $2, ...` text for drivers that take (text, params). */
+export function toNumbered(strings: TemplateStringsArray): string {
+  let text = strings[0]!
+  for (let i = 1; i < strings.length; i++) text += `$${i}${strings[i]}`
+  return text
+}
+
+export function toParams(values: SqlValue[]): unknown[] {
+  return values.map((v) => (v === undefined ? null : v))
+}
+
+/**
+ * Runs a driver transaction, letting errors thrown by fencegate's own code in
+ * it pass unchanged while driver failures become StoreErrors.
+ */
+export async function passThrough<T>(run: (track: <U>(inner: Promise<U>) => Promise<U>) => Promise<T>): Promise<T> {
+  const own = new Set<unknown>()
+  const track = <U>(inner: Promise<U>) => inner.catch((err: unknown) => {
+    own.add(err)
+    throw err
+  })
+  try {
+    return await run(track)
+  } catch (err) {
+    throw own.has(err) ? err : toStoreError(err)
+  }
+}

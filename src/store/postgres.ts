@@ -1,0 +1,53 @@
+import postgres from 'postgres'
+import { passThrough, toParams, toStoreError, type Db, type SqlValue } from './db.js'
+
+export interface PostgresOptions {
+  /** Pool size; the default suits one gateway process. */
+  max?: number
+}
+
+/**
+ * A Db on PostgreSQL through postgres.js. Statements are prepared and every
+ * commit is durable (the server's synchronous_commit decides, default on).
+ *
+ * @example
+ * const db = connectPostgres('postgres://postgres@127.0.0.1:5432/fencegate')
+ */
+export function connectPostgres(url: string, options: PostgresOptions = {}): Db {
+  const client = postgres(url, {
+    max: options.max ?? 20,
+    connect_timeout: 5,
+    idle_timeout: 60,
+    onnotice: () => {},
+    connection: { application_name: 'fencegate' },
+  })
+  return wrap(client)
+}
+
+function wrap(sql: postgres.Sql | postgres.TransactionSql): Db {
+  const db: Db = {
+    kind: 'postgres',
+    async sql<T>(strings: TemplateStringsArray, ...values: SqlValue[]): Promise<T[]> {
+      try {
+        return (await sql(strings, ...(toParams(values) as never[]))) as unknown as T[]
+      } catch (err) {
+        throw toStoreError(err)
+      }
+    },
+    async exec(script) {
+      try {
+        await sql.unsafe(script)
+      } catch (err) {
+        throw toStoreError(err)
+      }
+    },
+    async begin(fn) {
+      if (!('begin' in sql)) throw new Error('nested transactions are not used by fencegate')
+      return passThrough((track) => sql.begin((tx) => track(fn(wrap(tx)))) as Promise<never>)
+    },
+    async close() {
+      if ('end' in sql) await sql.end({ timeout: 5 })
+    },
+  }
+  return db
+}

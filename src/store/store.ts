@@ -1,0 +1,163 @@
+import type { Db } from './db.js'
+import type { FenceDecision } from '../fence.js'
+
+/** A command presenting a fence for an entity, with what its audit row would need. */
+export interface FencedCommand {
+  tenant: string
+  route: string
+  entity: string
+  fence: string
+  method: string
+  path: string
+  bodySha256: string | null
+  caller: string | null
+  requestId: string
+}
+
+/** One rejected command, as written to the audit table. */
+export interface Rejection {
+  tenant: string
+  route: string | null
+  entity: string | null
+  code: string
+  presentedFence: string | null
+  highestFence: string | null
+  method: string
+  path: string
+  bodySha256: string | null
+  caller: string | null
+  requestId: string
+}
+
+/** Filters for reading the audit trail, newest first. Times are on the database clock. */
+export interface AuditQuery {
+  tenant?: string
+  entity?: string
+  code?: string
+  route?: string
+  /** ISO timestamp or, with sinceMs, a window ending at the database's now(). */
+  since?: string
+  sinceMs?: number
+  until?: string
+  untilMs?: number
+  limit: number
+  /** Return rows with an id below this one (keyset pagination). */
+  before?: string
+}
+
+export interface AuditItem {
+  id: string
+  at: string
+  tenant: string
+  route: string | null
+  entity: string | null
+  code: string
+  presented_fence: string | null
+  highest_fence: string | null
+  method: string
+  path: string
+  body_sha256: string | null
+  caller: string | null
+  request_id: string
+}
+
+export interface EntityState {
+  tenant: string
+  entity: string
+  highest_fence: string
+  updated_at: string
+}
+
+/**
+ * Everything the gateway asks of its database. Each method is one statement,
+ * so each decision is atomic and costs one round trip.
+ */
+export interface Store {
+  /**
+   * Presents a fence: accepted when it is >= the entity's highest, which it then
+   * becomes; otherwise rejected and audited as `stale_fence` in the same statement.
+   */
+  admit(cmd: FencedCommand): Promise<FenceDecision>
+  /** Writes one audit row for a command rejected before it reached the fence. */
+  recordRejection(rejection: Rejection): Promise<void>
+  listAudit(query: AuditQuery): Promise<AuditItem[]>
+  getEntity(tenant: string, entity: string): Promise<EntityState | undefined>
+  /** Resolves when the store answers a trivial query. */
+  ping(): Promise<void>
+  close(): Promise<void>
+}
+
+// Timestamps are rendered by the database (ISO-8601, UTC, microseconds) so both drivers agree.
+
+/**
+ * Builds the Store on any Db (PostgreSQL or PGlite): the SQL lives here, once.
+ *
+ * @example
+ * const store = createStore(await openPglite())
+ */
+export function createStore(db: Db): Store {
+  return {
+    async admit(cmd) {
+      // GREATEST under the row lock makes acceptance and the returned highest one
+      // atomic fact: the fence was accepted exactly when it equals the new highest.
+      const rows = await db.sql<{ highest: string }>`
+        WITH decided AS (
+          INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at)
+          VALUES (${cmd.tenant}, ${cmd.entity}, ${cmd.fence}::bigint, now())
+          ON CONFLICT (tenant, entity) DO UPDATE
+            SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
+                updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END
+          RETURNING highest_fence
+        ), audited AS (
+          INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
+                                method, path, body_sha256, caller, request_id)
+          SELECT ${cmd.tenant}, ${cmd.route}, ${cmd.entity}, 'stale_fence', ${cmd.fence}::bigint, highest_fence,
+                 ${cmd.method}, ${cmd.path}, ${cmd.bodySha256}, ${cmd.caller}, ${cmd.requestId}
+          FROM decided WHERE highest_fence > ${cmd.fence}::bigint
+          RETURNING id
+        )
+        SELECT highest_fence::text AS highest FROM decided`
+      const highest = rows[0]!.highest
+      return { accepted: BigInt(highest) === BigInt(cmd.fence), highest }
+    },
+
+    async recordRejection(r) {
+      await db.sql`
+        INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
+                              method, path, body_sha256, caller, request_id)
+        VALUES (${r.tenant}, ${r.route}, ${r.entity}, ${r.code}, ${r.presentedFence}::bigint, ${r.highestFence}::bigint,
+                ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId})`
+    },
+
+    async listAudit(q) {
+      return db.sql<AuditItem>`
+        SELECT id::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, route, entity, code,
+               presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id
+        FROM fg_audit
+        WHERE (${q.tenant}::text IS NULL OR tenant = ${q.tenant})
+          AND (${q.entity}::text IS NULL OR entity = ${q.entity})
+          AND (${q.code}::text IS NULL OR code = ${q.code})
+          AND (${q.route}::text IS NULL OR route = ${q.route})
+          AND (${q.since}::timestamptz IS NULL OR at >= ${q.since}::timestamptz)
+          AND (${q.sinceMs}::bigint IS NULL OR at >= now() - ${q.sinceMs}::bigint * interval '1 millisecond')
+          AND (${q.until}::timestamptz IS NULL OR at < ${q.until}::timestamptz)
+          AND (${q.untilMs}::bigint IS NULL OR at < now() - ${q.untilMs}::bigint * interval '1 millisecond')
+          AND (${q.before}::bigint IS NULL OR id < ${q.before}::bigint)
+        ORDER BY id DESC
+        LIMIT ${q.limit}`
+    },
+
+    async getEntity(tenant, entity) {
+      const rows = await db.sql<EntityState>`
+        SELECT tenant, entity, highest_fence::text, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS updated_at
+        FROM fg_fences WHERE tenant = ${tenant} AND entity = ${entity}`
+      return rows[0]
+    },
+
+    async ping() {
+      await db.sql`SELECT 1`
+    },
+
+    close: () => db.close(),
+  }
+}
