@@ -5,6 +5,8 @@ CREATE TABLE fg_fences (
   entity        text        NOT NULL,
   highest_fence bigint      NOT NULL CHECK (highest_fence >= 0),
   updated_at    timestamptz NOT NULL DEFAULT now(),
+  -- The request whose fence set highest_fence last: what an operator asks first.
+  request_id    text        NOT NULL,
   PRIMARY KEY (tenant, entity)
 );
 

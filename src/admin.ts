@@ -1,6 +1,7 @@
 import { Hono } from 'hono'
 import { requestIdOf, type AppEnv } from './app.js'
 import { parseDuration } from './config/units.js'
+import { maxFence } from './fence.js'
 import { maxEntityLength } from './route.js'
 import { FencegateError, problemResponse } from './problems.js'
 import type { AuditItem, AuditQuery, Store } from './store/store.js'
@@ -77,6 +78,19 @@ async function storeCall<T>(call: () => Promise<T>): Promise<T> {
   }
 }
 
+// A hundred years back from now stays far inside PostgreSQL's timestamp range.
+const maxWindowMs = 100 * 365 * 86_400_000
+
+/** An ISO-8601 time with a zone whose calendar date exists (JavaScript accepts 30 February; PostgreSQL does not). */
+function isZonedTimestamp(value: string): boolean {
+  const m = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(:(\d{2})(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})$/.exec(value)
+  if (!m) return false
+  const [year, month, day, hour, minute, second] = [m[1], m[2], m[3], m[4], m[5], m[7] ?? '0'].map(Number) as number[]
+  const date = new Date(Date.UTC(year!, month! - 1, day!))
+  return year! >= 1 && date.getUTCFullYear() === year && date.getUTCMonth() === month! - 1 && date.getUTCDate() === day
+    && hour! < 24 && minute! < 60 && second! < 60
+}
+
 const auditParams = new Set(['tenant', 'entity', 'code', 'route', 'since', 'until', 'limit', 'cursor'])
 
 /**
@@ -99,6 +113,7 @@ export function parseAuditQuery(params: URLSearchParams): AuditQuery {
   query.code = one('code', /^[a-z_]{1,64}$/, 'an error code such as stale_fence')
   query.route = one('route', /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'a route name')
   query.before = one('cursor', /^[0-9]{1,19}$/, 'a next_cursor value from an earlier page')
+  if (query.before !== undefined && BigInt(query.before) > maxFence) throw new FencegateError('invalid_query', 'cursor must be a next_cursor value from an earlier page', { parameter: 'cursor' })
   const limit = one('limit', /^[0-9]{1,4}$/, 'an integer from 1 to 1000')
   if (limit !== undefined) {
     query.limit = Number(limit)
@@ -108,10 +123,10 @@ export function parseAuditQuery(params: URLSearchParams): AuditQuery {
     const value = one(bound, /^.{1,64}$/, 'an ISO-8601 time or a duration such as 1h')
     if (value === undefined) continue
     const ms = /^\d+(ms|s|m|h|d)$/.test(value) ? parseDuration(value) : undefined
-    if (ms !== undefined) {
+    if (ms !== undefined && ms <= maxWindowMs) {
       if (bound === 'since') query.sinceMs = ms
       else query.untilMs = ms
-    } else if (/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})$/.test(value) && !Number.isNaN(Date.parse(value))) {
+    } else if (isZonedTimestamp(value)) {
       query[bound] = value
     } else {
       throw new FencegateError('invalid_query', `${bound} must be an ISO-8601 time with a zone (2026-11-29T10:00:00Z) or a duration such as 1h`, { parameter: bound })

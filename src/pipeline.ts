@@ -160,6 +160,9 @@ export function createPipeline(deps: PipelineDeps) {
   ): Promise<Response> {
     const headers = upstreamRequestHeaders(request.headers)
     headers.set('x-request-id', requestId)
+    // Re-set after filtering: a client naming it in `Connection` must not hide the fence from the upstream.
+    const fence = request.headers.get(fenceHeader)
+    if (fence !== null) headers.set(fenceHeader, fence)
     let upstream: Response
     try {
       upstream = await forward({ route: route.config, target: url.pathname + url.search, method: request.method, headers, body })

@@ -159,7 +159,8 @@ function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntityS
         node = (node as Record<string, unknown>)[key]
       }
       if (typeof node === 'string') return node
-      if (typeof node === 'number' && Number.isFinite(node)) return String(node)
+      // Beyond 2^53 two different ids would parse to one number and share a fence.
+      if (typeof node === 'number' && Number.isSafeInteger(node)) return String(node)
       return undefined
     }
   }

@@ -20,7 +20,9 @@ export function prepareExpansion(text: string, env: Record<string, string | unde
   const token = `fgvar${Math.random().toString(36).slice(2, 10)}x`
   const values: { name: string; value: string | undefined }[] = []
   const prepared = text.replace(reference, (_all, name: string, hasDefault: string | undefined, fallback: string | undefined) => {
-    const value = env[name] ?? (hasDefault ? (fallback ?? '') : undefined)
+    // As in a shell, `:-` also replaces a variable that is set but empty.
+    const set = env[name]
+    const value = hasDefault && !set ? (fallback ?? '') : set
     values.push({ name, value })
     return `${token}${values.length - 1}${token}`
   })
@@ -37,7 +39,10 @@ export function prepareExpansion(text: string, env: Record<string, string | unde
     }
     if (Array.isArray(value)) return value.map((v, i) => restore(v, `${path}[${i}]`))
     if (value && typeof value === 'object') {
-      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, restore(v, path ? `${path}.${k}` : k)]))
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => {
+        const key = restore(k, path) as string
+        return [key, restore(v, path ? `${path}.${key}` : key)]
+      }))
     }
     return value
   }

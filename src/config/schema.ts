@@ -1,10 +1,12 @@
 import { z } from 'zod'
 import { parseSize } from './units.js'
-import { compileEntityTemplate, compilePathPattern, compileRoute, reservedPrefix } from '../route.js'
+import { compileEntityTemplate, compilePathPattern, reservedPrefix } from '../route.js'
 
-const port = z.union([z.number(), z.string().regex(/^\d+$/, 'expected a port number')])
+// Integers may come from `${VAR}` expansion, which always yields a string.
+const integer = (min: number, max: number, what = 'an integer') => z.union([z.number(), z.string().regex(/^\d+$/, `expected ${what}`)])
   .transform(Number)
-  .pipe(z.number().int().min(0).max(65535))
+  .pipe(z.number().int().min(min).max(max))
+const port = integer(0, 65535, 'a port number')
 
 const size = z.union([z.number(), z.string()]).transform((v, ctx) => {
   const bytes = parseSize(v)
@@ -51,16 +53,21 @@ export const routeSchema = z.object({
     }
   }),
   fence: z.enum(['required', 'optional', 'off']).default('required'),
-  timeout_ms: z.number().int().min(1).max(600_000).default(10_000),
+  timeout_ms: integer(1, 600_000).default(10_000),
 }).strict().superRefine((r, ctx) => {
   if (r.fence !== 'off' && r.entity === undefined) {
     ctx.addIssue({ code: 'custom', path: ['entity'], message: `required when fence is ${r.fence}` })
   }
+  // Only the cross-field check is left once path and entity compiled on their own.
+  let pattern, entity
   try {
-    compileRoute(r)
-  } catch (e) {
-    ctx.addIssue({ code: 'custom', path: ['entity'], message: (e as Error).message })
+    pattern = compilePathPattern(r.path)
+    entity = r.entity === undefined ? undefined : compileEntityTemplate(r.entity)
+  } catch {
+    return
   }
+  const missing = entity?.params.find((p) => !pattern.params.includes(p))
+  if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
 })
 
 export const configSchema = z.object({

@@ -10,7 +10,9 @@ export function parseSize(input: string | number): number | undefined {
   if (typeof input === 'number') return Number.isSafeInteger(input) && input >= 0 ? input : undefined
   const m = /^\s*(\d+)\s*([a-z]*)\s*$/i.exec(input)
   const unit = m && sizeUnits[m[2]!.toLowerCase()]
-  return m && unit != null ? Number(m[1]) * unit : undefined
+  if (!m || unit == null) return undefined
+  const bytes = Number(m[1]) * unit
+  return Number.isSafeInteger(bytes) ? bytes : undefined
 }
 
 /**
@@ -22,5 +24,6 @@ export function parseDuration(input: string | number): number | undefined {
   if (typeof input === 'number') return Number.isSafeInteger(input) && input >= 0 ? input : undefined
   const m = /^\s*(\d+)\s*(ms|s|m|h|d)?\s*$/.exec(input)
   if (!m) return undefined
-  return Number(m[1]) * durationUnits[m[2] ?? 'ms']!
+  const ms = Number(m[1]) * durationUnits[m[2] ?? 'ms']!
+  return Number.isSafeInteger(ms) ? ms : undefined
 }

@@ -47,7 +47,8 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
         path: route.upstream.basePath + target,
         method: method as 'POST',
         headers: flat,
-        body: body instanceof ReadableStream ? Readable.fromWeb(body as never) : body,
+        // Readable.from iterates the Web stream; unlike Readable.fromWeb it needs no Web-stream controller.
+        body: body instanceof ReadableStream ? Readable.from(body as unknown as AsyncIterable<Uint8Array>) : body,
       })
     } catch (err) {
       throw classify(err)
@@ -59,7 +60,7 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
     }
     const empty = method === 'HEAD' || res.statusCode === 204 || res.statusCode === 304
     if (empty) res.body.resume()
-    return new Response(empty ? null : (Readable.toWeb(res.body) as ReadableStream<Uint8Array>), {
+    return new Response(empty ? null : toWebStream(res.body), {
       status: res.statusCode,
       headers: responseHeaders,
     })
@@ -72,6 +73,32 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
       pools.clear()
     },
   }
+}
+
+/**
+ * Node 20's Readable.toWeb throws an uncaught ERR_INVALID_STATE when the
+ * consumer cancels mid-body (a client that disconnects), killing the process
+ * (nodejs/node#54205). This pull-based adapter never enqueues after a cancel.
+ */
+function toWebStream(body: Readable): ReadableStream<Uint8Array> {
+  const chunks = body[Symbol.asyncIterator]()
+  let cancelled = false
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const { value, done } = await chunks.next()
+        if (cancelled) return
+        if (done) controller.close()
+        else controller.enqueue(value as Uint8Array)
+      } catch (err) {
+        if (!cancelled) controller.error(err)
+      }
+    },
+    cancel() {
+      cancelled = true
+      body.destroy()
+    },
+  }, { highWaterMark: 0 })
 }
 
 function classify(err: unknown): ForwardError {

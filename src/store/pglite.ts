@@ -18,15 +18,24 @@ export async function openPglite(dataDir?: string): Promise<Db> {
     release = lockDataDir(dataDir)
   }
   try {
-    const pg = await PGlite.create(dataDir ? { dataDir } : {})
-    return wrap(pg, async () => {
-      await pg.close()
-      release()
-    })
+    return pgliteDb(await PGlite.create(dataDir ? { dataDir } : {}), release)
   } catch (err) {
     release()
     throw err
   }
+}
+
+/**
+ * A Db on a PGlite instance you already have; closing the Db closes it.
+ *
+ * @example
+ * const db = pgliteDb(await PGlite.create())
+ */
+export function pgliteDb(pg: PGlite, onClose: () => void = () => {}): Db {
+  return wrap(pg, async () => {
+    await pg.close()
+    onClose()
+  })
 }
 
 function wrap(pg: PGlite | Transaction, close: () => Promise<void>): Db {

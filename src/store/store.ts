@@ -66,6 +66,8 @@ export interface EntityState {
   entity: string
   highest_fence: string
   updated_at: string
+  /** The request that last presented the highest fence. */
+  request_id: string
 }
 
 /**
@@ -102,11 +104,12 @@ export function createStore(db: Db): Store {
       // atomic fact: the fence was accepted exactly when it equals the new highest.
       const rows = await db.sql<{ highest: string }>`
         WITH decided AS (
-          INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at)
-          VALUES (${cmd.tenant}, ${cmd.entity}, ${cmd.fence}::bigint, now())
+          INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
+          VALUES (${cmd.tenant}, ${cmd.entity}, ${cmd.fence}::bigint, now(), ${cmd.requestId})
           ON CONFLICT (tenant, entity) DO UPDATE
             SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
-                updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END
+                updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
+                request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END
           RETURNING highest_fence
         ), audited AS (
           INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
@@ -149,7 +152,7 @@ export function createStore(db: Db): Store {
 
     async getEntity(tenant, entity) {
       const rows = await db.sql<EntityState>`
-        SELECT tenant, entity, highest_fence::text, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS updated_at
+        SELECT tenant, entity, highest_fence::text, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS updated_at, request_id
         FROM fg_fences WHERE tenant = ${tenant} AND entity = ${entity}`
       return rows[0]
     },

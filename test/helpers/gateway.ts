@@ -1,0 +1,74 @@
+import { serve, type ServerType } from '@hono/node-server'
+import type { AddressInfo } from 'node:net'
+import { createAdminApp } from '../../src/admin.js'
+import { createApp } from '../../src/app.js'
+import { parseConfig, type Config } from '../../src/config/schema.js'
+import type { Forward } from '../../src/forward.js'
+import type { Logger } from '../../src/log.js'
+import { createUndiciForward } from '../../src/node/forward.js'
+import type { Store } from '../../src/store/store.js'
+
+/** A route for tests: fenced per invoice by default. */
+export function route(upstream: string, overrides: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    name: 'capture',
+    method: 'POST',
+    path: '/payments/:invoice_id/capture',
+    upstream,
+    entity: 'invoice:{params.invoice_id}',
+    fence: 'required',
+    timeout_ms: 5000,
+    ...overrides,
+  }
+}
+
+export function testConfig(routes: Record<string, unknown>[], extra: Record<string, unknown> = {}): Config {
+  return parseConfig({ routes, log: { level: 'silent' }, ...extra })
+}
+
+export interface TestGateway {
+  url: string
+  adminUrl: string
+  close(): Promise<void>
+}
+
+/** Serves the real data and admin apps over loopback HTTP with the undici forward. */
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward }): Promise<TestGateway> {
+  const undici = createUndiciForward()
+  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, ...(options.log ? { log: options.log } : {}) })
+  const admin = createAdminApp({ store: options.store })
+  const data = await listen(app.fetch)
+  const adminServer = await listen(admin.fetch)
+  return {
+    url: `http://127.0.0.1:${(data.address() as AddressInfo).port}`,
+    adminUrl: `http://127.0.0.1:${(adminServer.address() as AddressInfo).port}`,
+    async close() {
+      await Promise.all([data, adminServer].map((s) => new Promise<void>((resolve) => {
+        s.close(() => resolve())
+        if ('closeAllConnections' in s) s.closeAllConnections()
+      })))
+      await undici.close()
+    },
+  }
+}
+
+function listen(fetch: (r: Request) => Response | Promise<Response>): Promise<ServerType> {
+  return new Promise((resolve) => {
+    const server = serve({ fetch, hostname: '127.0.0.1', port: 0 }, () => resolve(server))
+  })
+}
+
+/** POSTs with the given fence (or none) and returns status and parsed body. */
+export async function post(url: string, fence?: string, init: { body?: string; headers?: Record<string, string> } = {}) {
+  const headers: Record<string, string> = { 'content-type': 'application/json', ...init.headers }
+  if (fence !== undefined) headers['x-execution-fence'] = fence
+  const res = await fetch(url, { method: 'POST', headers, body: init.body ?? '{}' })
+  const text = await res.text()
+  let json: any
+  try {
+    json = JSON.parse(text)
+  } catch {
+    json = undefined
+  }
+  return { status: res.status, headers: res.headers, text, json }
+}

@@ -1,0 +1,69 @@
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
+import type { AddressInfo, Socket } from 'node:net'
+
+export interface ReceivedRequest {
+  method: string
+  path: string
+  headers: IncomingMessage['headers']
+  rawHeaders: string[]
+  body: Buffer
+}
+
+export type UpstreamHandler = (req: ReceivedRequest, res: ServerResponse) => void | Promise<void>
+
+export interface TestUpstream {
+  url: string
+  port: number
+  /** Every request that reached the upstream, in arrival order. */
+  received: ReceivedRequest[]
+  handle(handler: UpstreamHandler): void
+  close(): Promise<void>
+}
+
+const echo: UpstreamHandler = (req, res) => {
+  res.writeHead(200, { 'content-type': 'application/json' })
+  res.end(JSON.stringify({ method: req.method, path: req.path, fence: req.headers['x-execution-fence'] ?? null }))
+}
+
+/** A real HTTP server on loopback that records what the gateway sent it. */
+export async function startUpstream(handler: UpstreamHandler = echo): Promise<TestUpstream> {
+  const received: ReceivedRequest[] = []
+  let current = handler
+  const sockets = new Set<Socket>()
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      const r: ReceivedRequest = { method: req.method!, path: req.url!, headers: req.headers, rawHeaders: req.rawHeaders, body: Buffer.concat(chunks) }
+      received.push(r)
+      void current(r, res)
+    })
+  })
+  server.on('connection', (s) => {
+    sockets.add(s)
+    s.on('close', () => sockets.delete(s))
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    received,
+    handle(h) {
+      current = h
+    },
+    close: () => new Promise((resolve) => {
+      for (const s of sockets) s.destroy()
+      server.close(() => resolve())
+    }),
+  }
+}
+
+/** A port on loopback that nothing listens on (bound, then released). */
+export async function closedPort(): Promise<number> {
+  const server = createServer()
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  await new Promise((resolve) => server.close(resolve))
+  return port
+}
