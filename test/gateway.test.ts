@@ -238,7 +238,9 @@ describe.each(backends())('gateway on $name', (backend) => {
       socket.on('close', () => resolve())
     })))
     // The process is still serving: a later request through the same gateway works.
-    upstream.handle((_req, res) => res.end('ok'))
+    upstream.handle((_req, res) => {
+      res.end('ok')
+    })
     expect((await post(`${gw.url}/payments/1/capture`, '1')).status).toBe(200)
   })
 

@@ -1,0 +1,106 @@
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { openDb } from '../src/node.js'
+import { createStore } from '../src/store/store.js'
+import { post } from './helpers/gateway.js'
+import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+const tempDir = () => mkdtempSync(join(tmpdir(), 'fencegate-cli-'))
+
+describe('fencegate CLI', () => {
+  it('describes every command and flag', async () => {
+    const top = await runCli(['--help'])
+    expect(top.code).toBe(0)
+    for (const command of ['serve', 'migrate', 'audit']) expect(top.stdout).toContain(command)
+    const serve = await runCli(['serve', '--help'])
+    for (const flag of ['--config', '--port', '--admin-port', '--database-url']) expect(serve.stdout).toContain(flag)
+    const audit = await runCli(['audit', '--help'])
+    for (const flag of ['--entity', '--code', '--since', '--json', '--admin-url']) expect(audit.stdout).toContain(flag)
+  })
+
+  it('exits 2 with the usage on an unknown command or flag', async () => {
+    expect((await runCli(['frobnicate'])).code).toBe(2)
+    const bad = await runCli(['audit', '--no-such-flag'])
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain('usage: fencegate audit')
+  })
+
+  it('refuses to start on an invalid configuration, naming each bad field', async () => {
+    const config = writeConfig({ server: { port: 'eighty' }, routes: [{ name: 'r', method: 'POST', path: '/x/:id', upstream: 'ftp://x', entity: 'x:{params.id}', fence: 'sometimes' }] })
+    const res = await runCli(['serve', '--config', config])
+    expect(res.code).toBe(2)
+    expect(res.stderr).toContain('server.port')
+    expect(res.stderr).toContain('routes[0].upstream')
+    expect(res.stderr).toContain('routes[0].fence')
+  })
+
+  it('refuses a configuration that uses an unset environment variable', async () => {
+    const config = writeConfig({ store: { url: '${FENCEGATE_TEST_UNSET}' }, routes: [{ name: 'r', method: 'POST', path: '/x', upstream: 'http://127.0.0.1:1', fence: 'off' }] })
+    const res = await runCli(['serve', '--config', config])
+    expect(res.code).toBe(2)
+    expect(res.stderr).toContain('FENCEGATE_TEST_UNSET')
+  })
+
+  it('migrates an embedded store idempotently and reads its audit trail from the database', async () => {
+    const dir = tempDir()
+    expect((await runCli(['migrate', '--data-dir', dir])).code).toBe(0)
+    expect((await runCli(['migrate', '--data-dir', dir])).code).toBe(0)
+    const store = createStore(await openDb(undefined, dir))
+    await store.recordRejection({
+      tenant: 'default', route: 'capture', entity: 'invoice:9', code: 'invalid_fence', presentedFence: null, highestFence: null,
+      method: 'POST', path: '/payments/9/capture', bodySha256: null, caller: null, requestId: 'cli-1',
+    })
+    await store.close()
+    const json = await runCli(['audit', '--data-dir', dir, '--json', '--entity', 'invoice:9'])
+    expect(json.code).toBe(0)
+    expect(JSON.parse(json.stdout)).toMatchObject({ items: [{ request_id: 'cli-1', code: 'invalid_fence' }], next_cursor: null })
+    const table = await runCli(['audit', '--data-dir', dir, '--code', 'invalid_fence'])
+    expect(table.stdout).toContain('cli-1')
+    const badSince = await runCli(['audit', '--data-dir', dir, '--since', 'yesterday'])
+    expect(badSince.code).toBe(2)
+    expect(badSince.stderr).toContain('--since')
+  })
+
+  it('refuses a database migrated by a newer fencegate', async () => {
+    const dir = tempDir()
+    const db = await openDb(undefined, dir)
+    await db.sql`INSERT INTO fg_migrations (id, name) VALUES (9999, 'future')`
+    await db.close()
+    const res = await runCli(['migrate', '--data-dir', dir])
+    expect(res.code).toBe(2)
+    expect(res.stderr).toContain('newer than this fencegate')
+  })
+
+  describe('with a gateway running on an embedded store', () => {
+    let upstream: TestUpstream
+    let gateway: GatewayProcess
+    const dir = tempDir()
+    beforeAll(async () => {
+      upstream = await startUpstream()
+      const config = writeConfig({
+        server: { port: 0, admin_port: 0 },
+        store: { data_dir: dir },
+        routes: [{ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url, entity: 'invoice:{params.id}' }],
+      })
+      gateway = await startGatewayProcess(['--config', config])
+    })
+    afterAll(async () => {
+      await gateway?.stop()
+      await upstream?.close()
+    })
+
+    it('reads the audit trail through --admin-url, and refuses to open the held store directly', async () => {
+      await post(`${gateway.dataUrl}/payments/1/capture`, '5')
+      await post(`${gateway.dataUrl}/payments/1/capture`, '4', { headers: { 'x-request-id': 'stale-cli' } })
+      const res = await runCli(['audit', '--admin-url', gateway.adminUrl, '--code', 'stale_fence', '--json'])
+      expect(res.code).toBe(0)
+      expect(JSON.parse(res.stdout).items).toMatchObject([{ request_id: 'stale-cli', presented_fence: '4', highest_fence: '5' }])
+      const direct = await runCli(['audit', '--data-dir', dir])
+      expect(direct.code).toBe(1)
+      expect(direct.stderr).toContain('in use by process')
+    })
+  })
+})

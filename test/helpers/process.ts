@@ -1,0 +1,77 @@
+import { spawn, type ChildProcess } from 'node:child_process'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { stringify } from 'yaml'
+
+/** The built CLI; `npm test` builds it first (pretest). */
+export const cli = join(import.meta.dirname, '../../dist/src/cli/main.js')
+
+export function writeConfig(config: Record<string, unknown>): string {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-'))
+  const file = join(dir, 'fencegate.yaml')
+  writeFileSync(file, stringify(config))
+  return file
+}
+
+export interface CliResult {
+  code: number | null
+  stdout: string
+  stderr: string
+}
+
+/** Runs the CLI to completion. */
+export function runCli(args: string[], env: Record<string, string | undefined> = {}): Promise<CliResult> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [cli, ...args], { env: { ...process.env, DATABASE_URL: undefined, ...env } })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (c: Buffer) => (stdout += c))
+    child.stderr.on('data', (c: Buffer) => (stderr += c))
+    child.on('close', (code) => resolve({ code, stdout, stderr }))
+  })
+}
+
+export interface GatewayProcess {
+  child: ChildProcess
+  dataUrl: string
+  adminUrl: string
+  /** Every log line printed so far. */
+  lines: string[]
+  stop(): Promise<number | null>
+}
+
+/** Starts `fencegate serve` and resolves once it logs `listening` with its URLs. */
+export function startGatewayProcess(args: string[], env: Record<string, string | undefined> = {}): Promise<GatewayProcess> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [cli, 'serve', ...args], { env: { ...process.env, DATABASE_URL: undefined, ...env } })
+    const lines: string[] = []
+    let buffered = ''
+    let stderr = ''
+    child.stderr.on('data', (c: Buffer) => (stderr += c))
+    child.on('exit', (code) => reject(new Error(`gateway exited with ${code}: ${stderr}`)))
+    child.stdout.on('data', (c: Buffer) => {
+      buffered += c
+      let nl
+      while ((nl = buffered.indexOf('\n')) >= 0) {
+        const line = buffered.slice(0, nl)
+        buffered = buffered.slice(nl + 1)
+        lines.push(line)
+        const event = JSON.parse(line) as { event: string; data_url?: string; admin_url?: string }
+        if (event.event === 'listening') {
+          resolve({
+            child,
+            dataUrl: event.data_url!,
+            adminUrl: event.admin_url!,
+            lines,
+            stop: () => new Promise((done) => {
+              if (child.exitCode !== null) return done(child.exitCode)
+              child.once('exit', (code) => done(code))
+              child.kill('SIGTERM')
+            }),
+          })
+        }
+      }
+    })
+  })
+}

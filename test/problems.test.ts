@@ -1,0 +1,96 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createAdminApp } from '../src/admin.js'
+import { createApp } from '../src/app.js'
+import { createUndiciForward } from '../src/node/forward.js'
+import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
+import { backends, type TestDb } from './helpers/backends.js'
+import { route, testConfig } from './helpers/gateway.js'
+import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+type Apps = { data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+const fenced = (fence?: string, body = '{}'): RequestInit => ({ method: 'POST', body, headers: fence === undefined ? {} : { 'x-execution-fence': fence } })
+
+/** How to provoke each code through the real apps; every code in the catalog must appear here. */
+const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>> = {
+  no_route: ({ data }) => data.request('/nowhere', fenced('1')),
+  invalid_request: ({ data }) => data.request('/payments/%E0%A4%A/capture', fenced('1')),
+  invalid_fence: ({ data }) => data.request('/payments/1/capture', fenced('0x10')),
+  fence_required: ({ data }) => data.request('/payments/1/capture', fenced()),
+  entity_unresolved: ({ data }) => data.request('/tickets', fenced('1', '{"no_ticket":true}')),
+  stale_fence: async ({ data }) => {
+    await data.request('/payments/2/capture', fenced('10'))
+    return data.request('/payments/2/capture', fenced('9'))
+  },
+  body_too_large: ({ data }) => data.request('/payments/1/capture', fenced('1', 'x'.repeat(2048))),
+  upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
+  upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
+  store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
+  invalid_query: ({ admin }) => admin.request('/audit?limit=0'),
+  not_found: ({ admin }) => admin.request('/entities/never-seen'),
+  internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
+}
+
+describe('every problem code', () => {
+  let t: TestDb
+  let broken: TestDb
+  let upstream: TestUpstream
+  let apps: Apps
+  const undici = createUndiciForward()
+
+  beforeAll(async () => {
+    const [pglite] = backends()
+    t = await pglite!.open()
+    broken = await pglite!.open()
+    await broken.breakStore()
+    upstream = await startUpstream((req, res) => {
+      if (req.path.startsWith('/slow')) return
+      res.end('ok')
+    })
+    const config = testConfig([
+      route(upstream.url),
+      route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket}' }),
+      route(`http://127.0.0.1:${await closedPort()}`, { name: 'refused', path: '/refused/:id', entity: 'r:{params.id}' }),
+      route(upstream.url, { name: 'slow', path: '/slow/:id', entity: 's:{params.id}', timeout_ms: 100 }),
+    ], { server: { max_request_body: 1024 } })
+    apps = {
+      data: createApp({ config, store: t.store, forward: undici.forward }),
+      admin: createAdminApp({ store: t.store }),
+      brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
+      // A Forward with a bug of its own: the client must get a bare internal_error.
+      faultyData: createApp({ config, store: t.store, forward: async () => { throw new TypeError('secret internal detail') } }),
+    }
+  })
+  afterAll(async () => {
+    await undici.close()
+    await upstream?.close()
+    await t?.close()
+  })
+
+  it('has a trigger for every code in the catalog', () => {
+    expect(Object.keys(triggers).sort()).toEqual(Object.keys(problemCatalog).sort())
+  })
+
+  it.each(Object.keys(problemCatalog) as ProblemCode[])('%s is answered as problem+json with its status', async (code) => {
+    const res = await triggers[code](apps)
+    const body = await res.json()
+    expect(res.status).toBe(problemCatalog[code].status)
+    expect(res.headers.get('content-type')).toBe('application/problem+json')
+    expect(body).toMatchObject({ type: `urn:fencegate:problem:${code}`, code, status: problemCatalog[code].status, title: problemCatalog[code].title })
+    expect(typeof body.detail).toBe('string')
+    expect(body.request_id).toMatch(/.+/)
+    expect(res.headers.get('x-request-id')).toBe(body.request_id)
+    expect(JSON.stringify(body)).not.toContain('secret internal detail')
+  })
+
+  it('never turns a client mistake into a 5xx', () => {
+    const clientCodes = ['no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found'] as const
+    for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
+  })
+
+  it('renders unknown errors without their message', async () => {
+    const res = problemResponse(new Error('password=hunter2'), 'rid')
+    expect(await res.text()).not.toContain('hunter2')
+    expect(res.status).toBe(500)
+    expect(new FencegateError('stale_fence').detail).toBe(problemCatalog.stale_fence.title)
+  })
+})

@@ -1,0 +1,49 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { backends, type TestDb } from './helpers/backends.js'
+import { checkFenceOrder, installFenceLog, type Outcome } from './helpers/fence-log.js'
+import { post } from './helpers/gateway.js'
+import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+const postgres = backends().find((b) => b.name === 'postgres')
+
+describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
+  let t: TestDb
+  let upstream: TestUpstream
+  let gateways: GatewayProcess[] = []
+
+  beforeAll(async () => {
+    t = await postgres!.open()
+    await installFenceLog(t.db)
+    upstream = await startUpstream()
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0 },
+      log: { level: 'info' },
+      routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: upstream.url, entity: 'invoice:{params.invoice_id}' }],
+    })
+    gateways = await Promise.all([1, 2].map(() => startGatewayProcess(['--config', config, '--database-url', t.url!])))
+  })
+  afterAll(async () => {
+    await Promise.all(gateways.map((g) => g.stop()))
+    await upstream?.close()
+    await t?.close()
+  })
+
+  it('enforce one fence order over 200 parallel requests split between them', async () => {
+    const fences = Array.from({ length: 200 }, (_, i) => 1 + ((i * 6007 + 5) % 89))
+    const outcomes: Outcome[] = await Promise.all(fences.map(async (fence, i) => {
+      const requestId = `p-${i}`
+      const res = await post(`${gateways[i % 2]!.dataUrl}/payments/7/capture`, String(fence), { headers: { 'x-request-id': requestId } })
+      return { requestId, fence, status: res.status, body: res.json }
+    }))
+    const forwarded = upstream.received.map((r) => Number(r.headers['x-execution-fence']))
+    const entity = await t.store.getEntity('default', 'invoice:7')
+    await checkFenceOrder(t.db, outcomes, forwarded, entity!.highest_fence)
+    // Both processes took part, and each logged its decisions.
+    for (const g of gateways) expect(g.lines.filter((l) => l.includes('"event":"request"')).length).toBeGreaterThan(50)
+  })
+
+  it('stop cleanly on SIGTERM', async () => {
+    expect(await Promise.all(gateways.map((g) => g.stop()))).toEqual([0, 0])
+  })
+})
