@@ -49,6 +49,23 @@ export function createAdminApp(deps: AdminDeps): Hono<AppEnv> {
     return c.json(state)
   })
 
+  app.get('/idempotency/:key', async (c) => {
+    const key = c.req.param('key')
+    const tenant = c.req.query('tenant') ?? 'default'
+    const record = await storeCall(() => store.getKey(tenant, key))
+    if (!record) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
+    return c.json(record)
+  })
+
+  app.delete('/idempotency/:key', async (c) => {
+    const key = c.req.param('key')
+    const tenant = c.req.query('tenant') ?? 'default'
+    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: null, requestId: c.get('requestId') }))
+    if (!result) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
+    if (!result.released) throw new FencegateError('key_not_releasable', `the record is ${result.state}; only an unknown outcome (or an in-flight record whose lock expired) can be released`, { state: result.state })
+    return c.json({ key, tenant, released: true, previous_state: result.state })
+  })
+
   app.notFound(() => {
     throw new FencegateError('not_found', 'no such admin endpoint')
   })

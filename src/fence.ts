@@ -23,11 +23,6 @@ export function parseFence(value: string | null): string | undefined {
   return fence.toString()
 }
 
-/** The outcome of presenting a fence to the store. */
-export type FenceDecision =
-  | { accepted: true; highest: string }
-  | { accepted: false; highest: string }
-
 /** A fence is accepted when it is greater than or equal to the highest one the entity has seen. */
 export function staleFenceError(entity: string, presented: string, highest: string): FencegateError {
   return new FencegateError(

@@ -64,6 +64,11 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
     await store.close()
     throw err
   }
+  // Expired idempotency records are already ignored; this only reclaims their space.
+  const purge = setInterval(() => {
+    store.purgeExpired(1000).catch(() => log.warn('purge_failed'))
+  }, 60_000)
+  purge.unref()
   const dataUrl = urlOf(data, config.server.host)
   const adminUrl = urlOf(adminServer, config.server.admin_host)
   log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length })
@@ -72,6 +77,7 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
     adminUrl,
     store,
     async close(graceMs = 10_000) {
+      clearInterval(purge)
       await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
       await upstream.close()
       await store.close()

@@ -1,13 +1,15 @@
+import { limitBody, readBody, sha256Hex } from './body.js'
 import type { Config } from './config/schema.js'
-import { readBody, limitBody, sha256Hex } from './body.js'
 import { fenceHeader, parseFence, staleFenceError } from './fence.js'
 import { clientResponseHeaders, ForwardError, upstreamRequestHeaders, type Forward } from './forward.js'
+import { fingerprint, idempotencyHeader, parseIdempotencyKey, replayResponse } from './idempotency.js'
 import { resolveIdentity, type Identity } from './identity.js'
 import type { Logger } from './log.js'
+import { logged, settleResponse, waitForOutcome } from './outcome.js'
 import { FencegateError } from './problems.js'
 import { resolveEntity, type Route, type Router } from './route.js'
 import { StoreError } from './store/db.js'
-import type { Store } from './store/store.js'
+import type { Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
 
 export interface PipelineDeps {
   config: Config
@@ -17,8 +19,8 @@ export interface PipelineDeps {
   log: Logger
 }
 
-/** What the pipeline learned about a request; logged once per decision. */
-interface Trace {
+/** What the pipeline learned about a request; logged once per decision, never with a body. */
+export interface Trace {
   requestId: string
   method: string
   path: string
@@ -26,12 +28,16 @@ interface Trace {
   identity?: Identity
   entity?: string
   fence?: string
+  key?: string
+  keySha256?: string
   bodySha256?: string | null
 }
 
+type Body = Uint8Array | ReadableStream<Uint8Array> | null
+
 /**
  * The data-plane request pipeline, top to bottom:
- * route → identity → body → fence → forward → respond.
+ * route → identity → body → fence and key → reserve → forward → record → respond.
  * Each step's logic lives in its own module; this function only orders them.
  * Every error it throws is a FencegateError that the app renders as problem+json.
  */
@@ -48,34 +54,58 @@ export function createPipeline(deps: PipelineDeps) {
       const match = router.match(request.method, url.pathname)
       if (!match) throw new FencegateError('no_route', `no route for ${request.method} ${url.pathname}`)
       const { route, params } = match
+      const rc = route.config
       trace.route = route
 
-      // 2. Identity: the tenant comes from authentication, never from the request body.
+      // 2. Identity: the tenant comes from authentication, never from the request.
       trace.identity = resolveIdentity(request)
 
-      // 3. Fence: parse, resolve the entity and present the fence to the store.
-      //    A fenced command's body is buffered: its hash is recorded before forwarding.
-      let body: Uint8Array | ReadableStream<Uint8Array> | null
+      // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
+      const checked = rc.fence !== 'off' || rc.idempotency !== 'off'
+      let body: Body
       let bodyExceeded = () => false
-      if (route.config.fence === 'off') {
-        const limited = limitBody(request, bodyLimit)
-        body = limited.body
-        bodyExceeded = limited.exceeded
-      } else {
+      if (checked) {
         body = await audited(trace, async () => {
           const bytes = await readBody(request, bodyLimit)
           trace.bodySha256 = await sha256Hex(bytes)
           return bytes
         })
-        await audited(trace, () => checkFence(request, url, params, body as Uint8Array, trace))
+      } else {
+        const limited = limitBody(request, bodyLimit)
+        body = limited.body
+        bodyExceeded = limited.exceeded
       }
 
-      // 4. Forward to the route's upstream; the target path is the one we matched.
-      const response = await forwardUpstream(request, url, route, body, bodyExceeded, requestId)
+      // 4. Fence and key: parse both, resolve the entity, then reserve in one statement.
+      let held: Held | undefined
+      if (checked) {
+        const claim = await audited(trace, () => parseCommand(request, url, params, body as Uint8Array, trace))
+        if (trace.fence !== undefined || claim) {
+          const reservation = await store.reserve({
+            tenant: trace.identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
+            method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
+            caller: trace.identity.caller, requestId, idempotency: claim,
+          })
+          const early = await answerReservation(reservation, claim, trace)
+          if (early) {
+            logDecision(trace, 'replayed', early.status, started)
+            return early
+          }
+          if (claim) held = { tenant: trace.identity.tenant, key: claim.key, ownerToken: claim.ownerToken }
+        }
+      }
 
-      // 5. Respond: stream the upstream's answer back.
-      logDecision(trace, 'forwarded', response.status, started)
-      return response
+      // 5. Forward to the route's upstream; the target path is the one that matched.
+      const upstream = await forwardUpstream(request, url, route, body, bodyExceeded, requestId, held)
+
+      // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
+      const headers = clientResponseHeaders(upstream.headers)
+      headers.set('x-request-id', requestId)
+      const responseBody = held ? await settleResponse({ store, log, route: rc, held, upstream, requestId }) : upstream.body
+      // A captured body ends only once its record is stored; a length would let the client finish earlier.
+      if (held && responseBody !== upstream.body) headers.delete('content-length')
+      logDecision(trace, 'forwarded', upstream.status, started)
+      return new Response(responseBody, { status: upstream.status, statusText: upstream.statusText, headers })
     } catch (err) {
       const problem = toProblem(err)
       if (problem.code === 'internal_error') log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
@@ -85,45 +115,57 @@ export function createPipeline(deps: PipelineDeps) {
     }
   }
 
-  async function checkFence(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array, trace: Trace): Promise<void> {
-    const route = trace.route!
-    const fence = parseFence(request.headers.get(fenceHeader))
-    if (fence === undefined) {
-      if (route.config.fence === 'required') throw new FencegateError('fence_required', `route ${route.config.name} requires ${fenceHeader}`)
-      return
+  /** Parses the fence and the key and resolves the entity; returns the key's claim, if any. */
+  async function parseCommand(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array, trace: Trace): Promise<IdempotencyClaim | null> {
+    const rc = trace.route!.config
+    if (rc.fence !== 'off') {
+      trace.fence = parseFence(request.headers.get(fenceHeader))
+      if (trace.fence === undefined && rc.fence === 'required') throw new FencegateError('fence_required', `route ${rc.name} requires ${fenceHeader}`)
     }
-    trace.fence = fence
-    let json: unknown
-    let parsed = false
-    trace.entity = resolveEntity(route.entity!, {
-      params,
-      query: url.searchParams,
-      headers: request.headers,
-      json: () => {
-        if (!parsed) {
-          parsed = true
-          try {
-            json = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
-          } catch {
-            json = undefined
-          }
+    if (rc.idempotency !== 'off') {
+      trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
+      if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
+    }
+    if (trace.fence !== undefined) trace.entity = resolveEntity(trace.route!.entity!, entitySources(request, url, params, bytes))
+    if (trace.key === undefined) return null
+    trace.keySha256 = await sha256Hex(new TextEncoder().encode(trace.key))
+    return {
+      key: trace.key,
+      fingerprint: await fingerprint(request.method, rc.name, url.pathname, url.search, bytes),
+      ownerToken: crypto.randomUUID(),
+      lockMs: rc.idempotency_lock,
+      ttlMs: rc.idempotency_ttl,
+      retryUnknown: rc.on_unknown_outcome === 'retry',
+    }
+  }
+
+  /** Turns the store's decision into an answer, or undefined when the request may go upstream. */
+  async function answerReservation(r: Reservation, claim: IdempotencyClaim | null, trace: Trace): Promise<Response | undefined> {
+    switch (r.kind) {
+      case 'proceed': return undefined
+      case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
+      case 'replay': return replayResponse(r.stored, trace.requestId)
+      case 'reused': throw new FencegateError('idempotency_key_reused', 'this Idempotency-Key was used with a different method, path, query or body')
+      case 'not_replayable': throw new FencegateError('response_not_replayable', 'the original response was larger than max_stored_body; it is not executed again')
+      case 'outcome_unknown': throw new FencegateError('outcome_unknown', 'the original request may have reached the upstream but its answer was lost; reconcile, then release the key')
+      case 'in_progress': {
+        const rc = trace.route!.config
+        if (rc.idempotency_wait > 0) {
+          const settled = await waitForOutcome(store, trace.identity!.tenant, claim!.key, rc.idempotency_wait)
+          if (settled) return answerReservation(await store.reserve(retryCommand(trace, claim!)), claim, trace)
         }
-        return json
-      },
-    })
-    const identity = trace.identity!
-    const decision = await store.admit({
-      tenant: identity.tenant,
-      route: route.config.name,
-      entity: trace.entity,
-      fence,
-      method: trace.method,
-      path: trace.path,
-      bodySha256: trace.bodySha256 ?? null,
-      caller: identity.caller,
-      requestId: trace.requestId,
-    })
-    if (!decision.accepted) throw staleFenceError(trace.entity, fence, decision.highest)
+        const seconds = Math.max(1, Math.ceil(r.retryAfterMs / 1000))
+        throw new FencegateError('request_in_progress', 'the original request is still being processed; retry later', {}, { 'retry-after': String(seconds) })
+      }
+    }
+  }
+
+  function retryCommand(trace: Trace, claim: IdempotencyClaim) {
+    return {
+      tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
+      method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
+      caller: trace.identity!.caller, requestId: trace.requestId, idempotency: claim,
+    }
   }
 
   /** Runs a step whose client-caused rejections are written to the audit trail. */
@@ -131,20 +173,11 @@ export function createPipeline(deps: PipelineDeps) {
     try {
       return await step()
     } catch (err) {
-      // stale_fence is audited by the store in the statement that decided it.
-      if (err instanceof FencegateError && err.status < 500 && err.code !== 'stale_fence') {
+      if (err instanceof FencegateError && err.status < 500) {
         await store.recordRejection({
-          tenant: trace.identity!.tenant,
-          route: trace.route!.config.name,
-          entity: trace.entity ?? null,
-          code: err.code,
-          presentedFence: trace.fence ?? null,
-          highestFence: null,
-          method: trace.method,
-          path: trace.path,
-          bodySha256: trace.bodySha256 ?? null,
-          caller: trace.identity!.caller,
-          requestId: trace.requestId,
+          tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? null, code: err.code,
+          presentedFence: trace.fence ?? null, highestFence: null, method: trace.method, path: trace.path,
+          bodySha256: trace.bodySha256 ?? null, caller: trace.identity!.caller, requestId: trace.requestId, idempotencyKey: trace.key ?? null,
         }).catch((auditErr: unknown) => {
           // The client still learns what it got wrong; the lost row is logged by its id.
           log.error('audit_write_failed', { request_id: trace.requestId, code: err.code, store_code: storeCode(auditErr) })
@@ -154,46 +187,53 @@ export function createPipeline(deps: PipelineDeps) {
     }
   }
 
-  async function forwardUpstream(
-    request: Request, url: URL, route: Route,
-    body: Uint8Array | ReadableStream<Uint8Array> | null, bodyExceeded: () => boolean, requestId: string,
-  ): Promise<Response> {
+  async function forwardUpstream(request: Request, url: URL, route: Route, body: Body, bodyExceeded: () => boolean, requestId: string, held: Held | undefined): Promise<Response> {
     const headers = upstreamRequestHeaders(request.headers)
     headers.set('x-request-id', requestId)
     // Re-set after filtering: a client naming it in `Connection` must not hide the fence from the upstream.
     const fence = request.headers.get(fenceHeader)
     if (fence !== null) headers.set(fenceHeader, fence)
-    let upstream: Response
     try {
-      upstream = await forward({ route: route.config, target: url.pathname + url.search, method: request.method, headers, body })
+      return await forward({ route: route.config, target: url.pathname + url.search, method: request.method, headers, body })
     } catch (err) {
       if (bodyExceeded()) throw new FencegateError('body_too_large', `the request body exceeds ${bodyLimit} bytes`)
-      if (err instanceof ForwardError) {
-        if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`)
-        throw new FencegateError('upstream_unreachable', err.sent
-          ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
-          : 'the upstream refused or could not be reached; nothing was sent')
-      }
-      throw err
+      if (!(err instanceof ForwardError)) throw err
+      // Nothing sent: the key is free again. Possibly sent: the outcome is unknown.
+      if (held) await logged(log, requestId, err.sent ? 'mark_unknown' : 'release', () => (err.sent ? store.markUnknown(held) : store.release(held)))
+      if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`)
+      throw new FencegateError('upstream_unreachable', err.sent
+        ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
+        : 'the upstream refused or could not be reached; nothing was sent')
     }
-    const responseHeaders = clientResponseHeaders(upstream.headers)
-    responseHeaders.set('x-request-id', requestId)
-    return new Response(upstream.body, { status: upstream.status, statusText: upstream.statusText, headers: responseHeaders })
   }
 
   function logDecision(trace: Trace, outcome: string, status: number, started: number, code?: string): void {
     log.info('request', {
-      request_id: trace.requestId,
-      route: trace.route?.config.name,
-      method: trace.method,
-      tenant: trace.identity?.tenant,
-      entity: trace.entity,
-      fence: trace.fence,
-      outcome,
-      code,
-      status,
+      request_id: trace.requestId, route: trace.route?.config.name, method: trace.method, tenant: trace.identity?.tenant,
+      entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, outcome, code, status,
       duration_ms: Math.round((performance.now() - started) * 100) / 100,
     })
+  }
+}
+
+function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array) {
+  let json: unknown
+  let parsed = false
+  return {
+    params,
+    query: url.searchParams,
+    headers: request.headers,
+    json: () => {
+      if (!parsed) {
+        parsed = true
+        try {
+          json = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
+        } catch {
+          json = undefined
+        }
+      }
+      return json
+    },
   }
 }
 
@@ -204,6 +244,6 @@ function toProblem(err: unknown): FencegateError {
   return new FencegateError('internal_error', 'an unexpected error occurred')
 }
 
-function storeCode(err: unknown): string {
+export function storeCode(err: unknown): string {
   return err instanceof StoreError ? (err.sqlstate ?? err.driverCode ?? 'unknown') : 'unknown'
 }

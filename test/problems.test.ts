@@ -3,11 +3,18 @@ import { createAdminApp } from '../src/admin.js'
 import { createApp } from '../src/app.js'
 import { createUndiciForward } from '../src/node/forward.js'
 import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
+import { fingerprint } from '../src/idempotency.js'
+import type { Command, Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
-type Apps = { data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { store: Store; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
+const claimOf = (key: string, fp: string): Command => ({
+  tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
+  idempotency: { key, fingerprint: fp, ownerToken: 'test', lockMs: 60_000, ttlMs: 60_000, retryUnknown: false },
+})
 const fenced = (fence?: string, body = '{}'): RequestInit => ({ method: 'POST', body, headers: fence === undefined ? {} : { 'x-execution-fence': fence } })
 
 /** How to provoke each code through the real apps; every code in the catalog must appear here. */
@@ -22,6 +29,29 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
     return data.request('/payments/2/capture', fenced('9'))
   },
   body_too_large: ({ data }) => data.request('/payments/1/capture', fenced('1', 'x'.repeat(2048))),
+  invalid_idempotency_key: ({ data }) => data.request('/keyed/1', keyed('""')),
+  idempotency_key_required: ({ data }) => data.request('/keyed/1', fenced('1')),
+  request_in_progress: async ({ data, store }) => {
+    await store.reserve(claimOf('in-progress', await fingerprint('POST', 'keyed', '/keyed/1', '', new TextEncoder().encode('{}'))))
+    return data.request('/keyed/1', keyed('in-progress'))
+  },
+  idempotency_key_reused: async ({ data, store }) => {
+    await store.reserve(claimOf('reused', 'another payload'))
+    return data.request('/keyed/1', keyed('reused'))
+  },
+  response_not_replayable: async ({ data }) => {
+    // The record settles when the answer has been streamed, so read it first.
+    await (await data.request('/tiny/1', keyed('big-answer'))).text()
+    return data.request('/tiny/1', keyed('big-answer'))
+  },
+  outcome_unknown: async ({ data }) => {
+    await data.request('/slow-keyed/1', keyed('lost'))
+    return data.request('/slow-keyed/1', keyed('lost'))
+  },
+  key_not_releasable: async ({ data, admin }) => {
+    await (await data.request('/keyed/1', keyed('done'))).text()
+    return admin.request('/idempotency/done', { method: 'DELETE' })
+  },
   upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
   upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
   store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
@@ -44,6 +74,7 @@ describe('every problem code', () => {
     await broken.breakStore()
     upstream = await startUpstream((req, res) => {
       if (req.path.startsWith('/slow')) return
+      if (req.path.startsWith('/tiny')) return void res.end('more than one byte')
       res.end('ok')
     })
     const config = testConfig([
@@ -51,8 +82,12 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket}' }),
       route(`http://127.0.0.1:${await closedPort()}`, { name: 'refused', path: '/refused/:id', entity: 'r:{params.id}' }),
       route(upstream.url, { name: 'slow', path: '/slow/:id', entity: 's:{params.id}', timeout_ms: 100 }),
+      route(upstream.url, { name: 'keyed', path: '/keyed/:id', entity: 'k:{params.id}', idempotency: 'required' }),
+      route(upstream.url, { name: 'tiny', path: '/tiny/:id', entity: 't:{params.id}', idempotency: 'required', max_stored_body: 1 }),
+      route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
     ], { server: { max_request_body: 1024 } })
     apps = {
+      store: t.store,
       data: createApp({ config, store: t.store, forward: undici.forward }),
       admin: createAdminApp({ store: t.store }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
@@ -83,7 +118,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found'] as const
+    const clientCodes = ['no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

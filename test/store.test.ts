@@ -3,12 +3,12 @@ import { readAuditPage } from '../src/admin.js'
 import { StoreError } from '../src/store/db.js'
 import { migrate, MigrationError } from '../src/store/migrate.js'
 import { loadMigrations } from '../src/store/migrations-fs.js'
-import type { FencedCommand, Rejection } from '../src/store/store.js'
+import type { Command, Rejection } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 
-const command = (entity: string, fence: string, extra: Partial<FencedCommand> = {}): FencedCommand => ({
+const command = (entity: string, fence: string, extra: Partial<Command> = {}): Command => ({
   tenant: 'default', route: 'capture', entity, fence, method: 'POST', path: `/p/${entity}`,
-  bodySha256: 'ab'.repeat(32), caller: null, requestId: `req-${entity}-${fence}`, ...extra,
+  bodySha256: 'ab'.repeat(32), caller: null, requestId: `req-${entity}-${fence}`, idempotency: null, ...extra,
 })
 
 const rejection = (code: string, extra: Partial<Rejection> = {}): Rejection => ({
@@ -26,16 +26,16 @@ describe.each(backends())('store on $name', (backend) => {
   })
 
   it('accepts the first fence, equal fences and higher fences, raising the highest', async () => {
-    expect(await t.store.admit(command('invoice:1', '5'))).toEqual({ accepted: true, highest: '5' })
-    expect(await t.store.admit(command('invoice:1', '5'))).toEqual({ accepted: true, highest: '5' })
-    expect(await t.store.admit(command('invoice:1', '9'))).toEqual({ accepted: true, highest: '9' })
+    expect(await t.store.reserve(command('invoice:1', '5'))).toEqual({ kind: 'proceed', highest: '5' })
+    expect(await t.store.reserve(command('invoice:1', '5'))).toEqual({ kind: 'proceed', highest: '5' })
+    expect(await t.store.reserve(command('invoice:1', '9'))).toEqual({ kind: 'proceed', highest: '9' })
     expect((await t.store.getEntity('default', 'invoice:1'))?.highest_fence).toBe('9')
   })
 
   it('rejects a lower fence, keeps the highest and audits it in the same statement', async () => {
-    await t.store.admit(command('invoice:1', '9'))
+    await t.store.reserve(command('invoice:1', '9'))
     const before = await t.store.getEntity('default', 'invoice:1')
-    expect(await t.store.admit(command('invoice:1', '3'))).toEqual({ accepted: false, highest: '9' })
+    expect(await t.store.reserve(command('invoice:1', '3'))).toEqual({ kind: 'stale', highest: '9' })
     const after = await t.store.getEntity('default', 'invoice:1')
     expect(after).toEqual(before)
     const [row] = await t.store.listAudit({ limit: 10 })
@@ -46,34 +46,34 @@ describe.each(backends())('store on $name', (backend) => {
   })
 
   it('does not audit accepted fences', async () => {
-    await t.store.admit(command('invoice:1', '1'))
-    await t.store.admit(command('invoice:1', '2'))
+    await t.store.reserve(command('invoice:1', '1'))
+    await t.store.reserve(command('invoice:1', '2'))
     expect(await t.store.listAudit({ limit: 10 })).toEqual([])
   })
 
   it('handles the full bigint range', async () => {
-    expect(await t.store.admit(command('e', '9223372036854775807'))).toEqual({ accepted: true, highest: '9223372036854775807' })
-    expect(await t.store.admit(command('e', '9223372036854775806'))).toEqual({ accepted: false, highest: '9223372036854775807' })
-    expect(await t.store.admit(command('e', '0'))).toEqual({ accepted: false, highest: '9223372036854775807' })
+    expect(await t.store.reserve(command('e', '9223372036854775807'))).toEqual({ kind: 'proceed', highest: '9223372036854775807' })
+    expect(await t.store.reserve(command('e', '9223372036854775806'))).toEqual({ kind: 'stale', highest: '9223372036854775807' })
+    expect(await t.store.reserve(command('e', '0'))).toEqual({ kind: 'stale', highest: '9223372036854775807' })
   })
 
   it('keeps fences apart per tenant and per entity', async () => {
-    await t.store.admit(command('invoice:1', '10', { tenant: 'a' }))
-    expect(await t.store.admit(command('invoice:1', '1', { tenant: 'b' }))).toEqual({ accepted: true, highest: '1' })
-    expect(await t.store.admit(command('invoice:2', '1', { tenant: 'a' }))).toEqual({ accepted: true, highest: '1' })
+    await t.store.reserve(command('invoice:1', '10', { tenant: 'a' }))
+    expect(await t.store.reserve(command('invoice:1', '1', { tenant: 'b' }))).toEqual({ kind: 'proceed', highest: '1' })
+    expect(await t.store.reserve(command('invoice:2', '1', { tenant: 'a' }))).toEqual({ kind: 'proceed', highest: '1' })
     expect(await t.store.getEntity('c', 'invoice:1')).toBeUndefined()
   })
 
   it('stamps updated_at with the database clock only when a fence is accepted', async () => {
-    await t.store.admit(command('e', '5'))
+    await t.store.reserve(command('e', '5'))
     const [{ now }] = await t.db.sql<{ now: string }>`SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS now`
     const state = await t.store.getEntity('default', 'e')
     expect(state!.updated_at.slice(0, 10)).toBe(now)
     expect(state!.updated_at).toMatch(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/)
     await t.db.sql`UPDATE fg_fences SET updated_at = '2000-01-01T00:00:00Z'`
-    await t.store.admit(command('e', '4'))
+    await t.store.reserve(command('e', '4'))
     expect((await t.store.getEntity('default', 'e'))!.updated_at).toBe('2000-01-01T00:00:00.000000Z')
-    await t.store.admit(command('e', '5'))
+    await t.store.reserve(command('e', '5'))
     expect((await t.store.getEntity('default', 'e'))!.updated_at.slice(0, 10)).toBe(now)
   })
 
@@ -137,7 +137,7 @@ describe.each(backends())('store on $name', (backend) => {
 
   it('turns a store that went away into a StoreError', async () => {
     await t.breakStore()
-    await expect(t.store.admit(command('e', '1'))).rejects.toBeInstanceOf(StoreError)
+    await expect(t.store.reserve(command('e', '1'))).rejects.toBeInstanceOf(StoreError)
     await expect(t.store.ping()).rejects.toBeInstanceOf(StoreError)
   })
 })

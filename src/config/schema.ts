@@ -1,5 +1,5 @@
 import { z } from 'zod'
-import { parseSize } from './units.js'
+import { parseDuration, parseSize } from './units.js'
 import { compileEntityTemplate, compilePathPattern, reservedPrefix } from '../route.js'
 
 // Integers may come from `${VAR}` expansion, which always yields a string.
@@ -15,6 +15,15 @@ const size = z.union([z.number(), z.string()]).transform((v, ctx) => {
     return z.NEVER
   }
   return bytes
+})
+
+const duration = z.union([z.number(), z.string()]).transform((v, ctx) => {
+  const ms = parseDuration(v)
+  if (ms === undefined) {
+    ctx.addIssue({ code: 'custom', message: `expected a duration such as 30s, 24h or 500ms, got ${JSON.stringify(v)}` })
+    return z.NEVER
+  }
+  return ms
 })
 
 const upstream = z.string().transform((v, ctx) => {
@@ -54,7 +63,17 @@ export const routeSchema = z.object({
   }),
   fence: z.enum(['required', 'optional', 'off']).default('required'),
   timeout_ms: integer(1, 600_000).default(10_000),
+  idempotency: z.enum(['required', 'optional', 'off']).default('off'),
+  idempotency_ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(365 * 86_400_000, 'must be at most 365d')).default(86_400_000),
+  idempotency_lock: duration.pipe(z.number().min(1, 'must be positive').max(86_400_000, 'must be at most 24h')).default(30_000),
+  idempotency_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).default(0),
+  on_unknown_outcome: z.enum(['fail', 'retry']).default('fail'),
+  transient_statuses: z.array(z.number().int().min(100).max(599)).default([429, 503]),
+  max_stored_body: size.default(1024 * 1024),
 }).strict().superRefine((r, ctx) => {
+  if (r.idempotency_lock <= r.timeout_ms) {
+    ctx.addIssue({ code: 'custom', path: ['idempotency_lock'], message: `must exceed timeout_ms (${r.timeout_ms} ms): a lock that ends before the upstream answers would hand the key to a duplicate` })
+  }
   if (r.fence !== 'off' && r.entity === undefined) {
     ctx.addIssue({ code: 'custom', path: ['entity'], message: `required when fence is ${r.fence}` })
   }

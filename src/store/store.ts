@@ -1,18 +1,8 @@
 import type { Db } from './db.js'
-import type { FenceDecision } from '../fence.js'
-
-/** A command presenting a fence for an entity, with what its audit row would need. */
-export interface FencedCommand {
-  tenant: string
-  route: string
-  entity: string
-  fence: string
-  method: string
-  path: string
-  bodySha256: string | null
-  caller: string | null
-  requestId: string
-}
+import {
+  complete, getKey, markUnknown, purgeExpired, release, releaseUnknown, reserve,
+  type Command, type Held, type KeyState, type Reservation, type StoredResponse,
+} from './commands.js'
 
 /** One rejected command, as written to the audit table. */
 export interface Rejection {
@@ -27,6 +17,7 @@ export interface Rejection {
   bodySha256: string | null
   caller: string | null
   requestId: string
+  idempotencyKey?: string | null
 }
 
 /** Filters for reading the audit trail, newest first. Times are on the database clock. */
@@ -59,6 +50,7 @@ export interface AuditItem {
   body_sha256: string | null
   caller: string | null
   request_id: string
+  idempotency_key: string | null
 }
 
 export interface EntityState {
@@ -70,16 +62,21 @@ export interface EntityState {
   request_id: string
 }
 
+export type { Command, Held, IdempotencyClaim, KeyState, Reservation, StoredResponse } from './commands.js'
+
 /**
  * Everything the gateway asks of its database. Each method is one statement,
  * so each decision is atomic and costs one round trip.
  */
 export interface Store {
-  /**
-   * Presents a fence: accepted when it is >= the entity's highest, which it then
-   * becomes; otherwise rejected and audited as `stale_fence` in the same statement.
-   */
-  admit(cmd: FencedCommand): Promise<FenceDecision>
+  /** Presents the fence and reserves the idempotency key, in one statement (see commands.ts). */
+  reserve(command: Command): Promise<Reservation>
+  complete(held: Held, outcome: { replayable: boolean; response: StoredResponse; ttlMs: number }): Promise<boolean>
+  release(held: Held): Promise<boolean>
+  markUnknown(held: Held): Promise<boolean>
+  getKey(tenant: string, key: string): Promise<KeyState | undefined>
+  releaseUnknown(request: { tenant: string; key: string; caller: string | null; requestId: string }): Promise<{ released: boolean; state: string } | undefined>
+  purgeExpired(limit: number): Promise<number>
   /** Writes one audit row for a command rejected before it reached the fence. */
   recordRejection(rejection: Rejection): Promise<void>
   listAudit(query: AuditQuery): Promise<AuditItem[]>
@@ -99,43 +96,26 @@ export interface Store {
  */
 export function createStore(db: Db): Store {
   return {
-    async admit(cmd) {
-      // GREATEST under the row lock makes acceptance and the returned highest one
-      // atomic fact: the fence was accepted exactly when it equals the new highest.
-      const rows = await db.sql<{ highest: string }>`
-        WITH decided AS (
-          INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
-          VALUES (${cmd.tenant}, ${cmd.entity}, ${cmd.fence}::bigint, now(), ${cmd.requestId})
-          ON CONFLICT (tenant, entity) DO UPDATE
-            SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
-                updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
-                request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END
-          RETURNING highest_fence
-        ), audited AS (
-          INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
-                                method, path, body_sha256, caller, request_id)
-          SELECT ${cmd.tenant}, ${cmd.route}, ${cmd.entity}, 'stale_fence', ${cmd.fence}::bigint, highest_fence,
-                 ${cmd.method}, ${cmd.path}, ${cmd.bodySha256}, ${cmd.caller}, ${cmd.requestId}
-          FROM decided WHERE highest_fence > ${cmd.fence}::bigint
-          RETURNING id
-        )
-        SELECT highest_fence::text AS highest FROM decided`
-      const highest = rows[0]!.highest
-      return { accepted: BigInt(highest) === BigInt(cmd.fence), highest }
-    },
+    reserve: (command) => reserve(db, command),
+    complete: (held, outcome) => complete(db, held, outcome),
+    release: (held) => release(db, held),
+    markUnknown: (held) => markUnknown(db, held),
+    getKey: (tenant, key) => getKey(db, tenant, key),
+    releaseUnknown: (request) => releaseUnknown(db, request),
+    purgeExpired: (limit) => purgeExpired(db, limit),
 
     async recordRejection(r) {
       await db.sql`
         INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
-                              method, path, body_sha256, caller, request_id)
+                              method, path, body_sha256, caller, request_id, idempotency_key)
         VALUES (${r.tenant}, ${r.route}, ${r.entity}, ${r.code}, ${r.presentedFence}::bigint, ${r.highestFence}::bigint,
-                ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId})`
+                ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId}, ${r.idempotencyKey})`
     },
 
     async listAudit(q) {
       return db.sql<AuditItem>`
         SELECT id::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, route, entity, code,
-               presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id
+               presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key
         FROM fg_audit
         WHERE (${q.tenant}::text IS NULL OR tenant = ${q.tenant})
           AND (${q.entity}::text IS NULL OR entity = ${q.entity})

@@ -1,0 +1,249 @@
+import type { Db } from './db.js'
+
+/** A command presented to the store before forwarding: its fence, and its key when idempotent. */
+export interface Command {
+  tenant: string
+  route: string
+  /** The entity whose fence is presented, or null when the request carries no fence. */
+  entity: string | null
+  fence: string | null
+  method: string
+  path: string
+  bodySha256: string | null
+  caller: string | null
+  requestId: string
+  idempotency: IdempotencyClaim | null
+}
+
+/** What an idempotent command claims: a key for a payload, and how long it may hold it. */
+export interface IdempotencyClaim {
+  key: string
+  fingerprint: string
+  /** A gateway-made secret that lets only this request complete or release the record. */
+  ownerToken: string
+  lockMs: number
+  ttlMs: number
+  /** `on_unknown_outcome: retry`: a duplicate of an unknown outcome forwards again. */
+  retryUnknown: boolean
+}
+
+/** A response kept for replay: the status, the allow-listed headers and the body bytes. */
+export interface StoredResponse {
+  status: number
+  headers: [string, string][]
+  body: Uint8Array
+}
+
+/** What the store decided for a command, in one statement. */
+export type Reservation =
+  | { kind: 'stale'; highest: string }
+  | { kind: 'proceed'; highest: string | null }
+  | { kind: 'replay'; stored: StoredResponse }
+  | { kind: 'in_progress'; retryAfterMs: number }
+  | { kind: 'reused' }
+  | { kind: 'outcome_unknown' }
+  | { kind: 'not_replayable' }
+
+interface ReserveRow {
+  highest: string | null
+  state: string | null
+  owned: boolean | null
+  same_payload: boolean | null
+  status: number | null
+  headers: string | null
+  body: Uint8Array | null
+  retry_after_ms: number | null
+}
+
+/**
+ * Presents the fence and reserves the key in ONE statement: the fence is
+ * decided first (a stale fence touches no key), then the key is inserted, or
+ * the existing record is locked and returned. A record is taken over only when
+ * it expired, or when it is an unknown outcome of the same payload on a route
+ * with `on_unknown_outcome: retry`; an in-flight record whose lock expired
+ * becomes `outcome_unknown`. Stale fences and reused keys are audited in the
+ * same statement, so a rejection costs one round trip.
+ */
+export async function reserve(db: Db, c: Command): Promise<Reservation> {
+  const k = c.idempotency
+  const [row] = await db.sql<ReserveRow>`
+    WITH decided AS (
+      INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
+      SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId} WHERE ${c.fence}::bigint IS NOT NULL
+      ON CONFLICT (tenant, entity) DO UPDATE
+        SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
+            updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
+            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END
+      RETURNING highest_fence
+    ), stale AS (
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
+      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'stale_fence', ${c.fence}::bigint, highest_fence,
+             ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
+      FROM decided WHERE highest_fence > ${c.fence}::bigint
+      RETURNING id
+    ), reserved AS (
+      INSERT INTO fg_idempotency AS k (tenant, key, fingerprint, route, state, entity, fence, locked_until, expires_at, owner_token, request_id)
+      SELECT ${c.tenant}, ${k?.key}, ${k?.fingerprint}, ${c.route}, 'in_flight', ${c.entity}, ${c.fence}::bigint,
+             now() + ${k?.lockMs}::bigint * interval '1 millisecond',
+             now() + (${k?.lockMs}::bigint + ${k?.ttlMs}::bigint) * interval '1 millisecond',
+             ${k?.ownerToken}, ${c.requestId}
+      WHERE ${k?.key}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stale)
+      ON CONFLICT (tenant, key) DO UPDATE SET
+        (state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
+         request_id, attempt, created_at, completed_at, status, headers, body) = (
+          SELECT state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
+                 request_id, attempt, created_at, completed_at, status, headers, body
+          FROM (
+            -- Takeover: the record expired, or it is an unknown outcome of this very payload
+            -- and the route retries those. The new request owns a fresh in-flight record.
+            SELECT 0 AS pick, 'in_flight' AS state, EXCLUDED.owner_token AS owner_token, EXCLUDED.fingerprint AS fingerprint,
+                   EXCLUDED.route AS route, EXCLUDED.entity AS entity, EXCLUDED.fence AS fence,
+                   EXCLUDED.locked_until AS locked_until, EXCLUDED.expires_at AS expires_at, EXCLUDED.request_id AS request_id,
+                   CASE WHEN k.expires_at <= now() THEN 1 ELSE k.attempt + 1 END AS attempt, now() AS created_at,
+                   NULL::timestamptz AS completed_at, NULL::integer AS status, NULL::jsonb AS headers, NULL::bytea AS body
+            WHERE k.expires_at <= now()
+               OR (${k?.retryUnknown ?? false}::boolean AND k.fingerprint = EXCLUDED.fingerprint
+                   AND (k.state = 'outcome_unknown' OR (k.state = 'in_flight' AND k.locked_until <= now())))
+            UNION ALL
+            -- Otherwise the record stays, except that an in-flight lock that expired
+            -- unconfirmed turns into an unknown outcome.
+            SELECT 1, CASE WHEN k.state = 'in_flight' AND k.locked_until <= now() THEN 'outcome_unknown' ELSE k.state END,
+                   k.owner_token, k.fingerprint, k.route, k.entity, k.fence,
+                   CASE WHEN k.state = 'in_flight' AND k.locked_until <= now() THEN NULL ELSE k.locked_until END,
+                   k.expires_at, k.request_id, k.attempt, k.created_at, k.completed_at, k.status, k.headers, k.body
+          ) AS choice
+          ORDER BY pick LIMIT 1)
+      RETURNING k.state, k.owner_token = ${k?.ownerToken ?? null} AS owned, k.fingerprint = ${k?.fingerprint ?? null} AS same_payload,
+                k.status, k.headers::text AS headers, k.body,
+                GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::integer AS retry_after_ms
+    ), reused AS (
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
+      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'idempotency_key_reused', ${c.fence}::bigint, NULL,
+             ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
+      FROM reserved WHERE NOT owned AND NOT same_payload
+      RETURNING id
+    )
+    SELECT (SELECT highest_fence::text FROM decided) AS highest, r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
+    FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true`
+  return decide(row!, c)
+}
+
+function decide(row: ReserveRow, c: Command): Reservation {
+  if (row.highest !== null && BigInt(row.highest) > BigInt(c.fence!)) return { kind: 'stale', highest: row.highest }
+  if (!c.idempotency || row.owned) return { kind: 'proceed', highest: row.highest }
+  if (!row.same_payload) return { kind: 'reused' }
+  switch (row.state) {
+    case 'completed':
+      return { kind: 'replay', stored: { status: row.status!, headers: JSON.parse(row.headers ?? '[]') as [string, string][], body: row.body ?? new Uint8Array(0) } }
+    case 'not_replayable': return { kind: 'not_replayable' }
+    case 'outcome_unknown': return { kind: 'outcome_unknown' }
+    default: return { kind: 'in_progress', retryAfterMs: row.retry_after_ms ?? 0 }
+  }
+}
+
+/** Which reservation an outcome is for: only its owner may settle it. */
+export interface Held {
+  tenant: string
+  key: string
+  ownerToken: string
+}
+
+/**
+ * Stores the upstream's response for replay (`completed`), or records that it
+ * was too large to keep (`not_replayable`). Applies only while this request
+ * still owns the in-flight record; returns false when it no longer does.
+ */
+export async function complete(db: Db, held: Held, outcome: { replayable: boolean; response: StoredResponse; ttlMs: number }): Promise<boolean> {
+  const { response } = outcome
+  const rows = await db.sql`
+    UPDATE fg_idempotency
+    SET state = ${outcome.replayable ? 'completed' : 'not_replayable'}, status = ${response.status},
+        headers = ${JSON.stringify(response.headers)}::text::jsonb, body = ${outcome.replayable ? response.body : null}::bytea,
+        completed_at = now(), locked_until = NULL, expires_at = now() + ${outcome.ttlMs}::bigint * interval '1 millisecond'
+    WHERE tenant = ${held.tenant} AND key = ${held.key} AND owner_token = ${held.ownerToken} AND state = 'in_flight'
+    RETURNING 1`
+  return rows.length === 1
+}
+
+/** Frees the key after an answer that proves nothing happened (refused connection, transient status). */
+export async function release(db: Db, held: Held): Promise<boolean> {
+  const rows = await db.sql`
+    DELETE FROM fg_idempotency
+    WHERE tenant = ${held.tenant} AND key = ${held.key} AND owner_token = ${held.ownerToken} AND state = 'in_flight'
+    RETURNING 1`
+  return rows.length === 1
+}
+
+/** Records that the request may have reached the upstream but its answer was lost. */
+export async function markUnknown(db: Db, held: Held): Promise<boolean> {
+  const rows = await db.sql`
+    UPDATE fg_idempotency SET state = 'outcome_unknown', locked_until = NULL
+    WHERE tenant = ${held.tenant} AND key = ${held.key} AND owner_token = ${held.ownerToken} AND state = 'in_flight'
+    RETURNING 1`
+  return rows.length === 1
+}
+
+/** An idempotency record as operators see it: never the stored body. */
+export interface KeyState {
+  tenant: string
+  key: string
+  state: 'in_flight' | 'completed' | 'outcome_unknown' | 'not_replayable'
+  fingerprint: string
+  route: string
+  entity: string | null
+  fence: string | null
+  status: number | null
+  attempt: number
+  request_id: string
+  created_at: string
+  completed_at: string | null
+  locked_until: string | null
+  expires_at: string
+}
+
+export async function getKey(db: Db, tenant: string, key: string): Promise<KeyState | undefined> {
+  const rows = await db.sql<KeyState>`
+    SELECT tenant, key, state, fingerprint, route, entity, fence::text, status, attempt, request_id,
+           to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS created_at,
+           to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS completed_at,
+           to_char(locked_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS locked_until,
+           to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS expires_at
+    FROM fg_idempotency WHERE tenant = ${tenant} AND key = ${key} AND expires_at > now()`
+  return rows[0]
+}
+
+/**
+ * Deletes an `outcome_unknown` record (or an in-flight one whose lock expired)
+ * after an operator reconciled it with the upstream, and audits who did it.
+ * Returns the state it found, or undefined when there was no live record.
+ */
+export async function releaseUnknown(db: Db, r: { tenant: string; key: string; caller: string | null; requestId: string }): Promise<{ released: boolean; state: string } | undefined> {
+  const [row] = await db.sql<{ state: string; released: boolean }>`
+    WITH target AS (
+      SELECT tenant, key, state, route, entity, fence,
+             (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now())) AS releasable
+      FROM fg_idempotency WHERE tenant = ${r.tenant} AND key = ${r.key} AND expires_at > now()
+      FOR UPDATE
+    ), removed AS (
+      DELETE FROM fg_idempotency AS i USING target AS t
+      WHERE i.tenant = t.tenant AND i.key = t.key AND t.releasable
+      RETURNING i.key
+    ), audited AS (
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, caller, request_id, idempotency_key)
+      SELECT t.tenant, t.route, t.entity, 'idempotency_key_released', t.fence, 'DELETE', '/idempotency', ${r.caller}, ${r.requestId}, t.key
+      FROM target AS t WHERE t.releasable
+      RETURNING id
+    )
+    SELECT state, releasable AS released FROM target`
+  return row
+}
+
+/** Deletes up to `limit` expired records; returns how many went. */
+export async function purgeExpired(db: Db, limit: number): Promise<number> {
+  const rows = await db.sql`
+    DELETE FROM fg_idempotency WHERE ctid = ANY (ARRAY(
+      SELECT ctid FROM fg_idempotency WHERE expires_at <= now() ORDER BY expires_at LIMIT ${limit}
+    ))
+    RETURNING 1`
+  return rows.length
+}
