@@ -65,7 +65,7 @@ export function startGatewayProcess(args: string[], env: Record<string, string |
             adminUrl: event.admin_url!,
             lines,
             stop: () => new Promise((done) => {
-              if (child.exitCode !== null) return done(child.exitCode)
+              if (child.exitCode !== null || child.signalCode !== null) return done(child.exitCode)
               child.once('exit', (code) => done(code))
               child.kill('SIGTERM')
             }),
