@@ -120,7 +120,7 @@ export function createPipeline(deps: PipelineDeps) {
     const rc = trace.route!.config
     if (rc.fence !== 'off') {
       trace.fence = parseFence(request.headers.get(fenceHeader))
-      if (trace.fence === undefined && rc.fence === 'required') throw new FencegateError('fence_required', `route ${rc.name} requires ${fenceHeader}`)
+      if (trace.fence === undefined && rc.fence === 'required') throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
     }
     if (rc.idempotency !== 'off') {
       trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))

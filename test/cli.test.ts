@@ -1,4 +1,4 @@
-import { mkdtempSync } from 'node:fs'
+import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -92,6 +92,17 @@ describe('fencegate CLI', () => {
       await upstream?.close()
     })
 
+    it('serve --data-dir overrides store.data_dir', async () => {
+      const other = tempDir()
+      const config = writeConfig({ server: { port: 0, admin_port: 0 }, routes: [{ name: 'r', method: 'POST', path: '/x', upstream: upstream.url, fence: 'off' }] })
+      const g = await startGatewayProcess(['--config', config, '--data-dir', other])
+      try {
+        expect(existsSync(join(other, 'fencegate.pid'))).toBe(true)
+      } finally {
+        await g.stop()
+      }
+    })
+
     it('reads the audit trail through --admin-url, and refuses to open the held store directly', async () => {
       await post(`${gateway.dataUrl}/payments/1/capture`, '5')
       await post(`${gateway.dataUrl}/payments/1/capture`, '4', { headers: { 'x-request-id': 'stale-cli' } })
@@ -102,5 +113,22 @@ describe('fencegate CLI', () => {
       expect(direct.code).toBe(1)
       expect(direct.stderr).toContain('in use by process')
     })
+  })
+})
+
+describe('npm run demo', () => {
+  it('plays a double click and a stale worker: one charge, one stale_fence in the audit trail', async () => {
+    const { spawn } = await import('node:child_process')
+    const out = await new Promise<{ code: number | null; stdout: string }>((resolve) => {
+      const child = spawn(process.execPath, [join(import.meta.dirname, '../dist/scripts/demo.js')], { env: { ...process.env, DATABASE_URL: undefined } })
+      let stdout = ''
+      child.stdout.on('data', (c: Buffer) => (stdout += c))
+      child.on('close', (code) => resolve({ code, stdout }))
+    })
+    expect(out.code).toBe(0)
+    expect(out.stdout).toContain('(replayed, no upstream call)')
+    expect(out.stdout).toContain('-> 409 stale_fence')
+    expect(out.stdout).toContain('charged invoice 7 1 time(s)')
+    expect(out.stdout).toContain('stale_fence invoice:7 presented 1, highest 2')
   })
 })

@@ -9,6 +9,8 @@ export async function runServe(flags: Flags): Promise<number> {
   const adminPort = portFlag(flags, 'admin-port')
   if (port !== undefined) config.server.port = port
   if (adminPort !== undefined) config.server.admin_port = adminPort
+  const dataDir = stringFlag(flags, 'data-dir')
+  if (dataDir !== undefined) config.store.data_dir = dataDir
   const gateway = await startGateway({ config, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
   await new Promise<void>((resolve) => {
     const shutdown = () => {
