@@ -96,6 +96,9 @@ function toWebStream(body: Readable): ReadableStream<Uint8Array> {
     },
     cancel() {
       cancelled = true
+      // Hono cancels before the first pull when the client is already gone; nothing listens
+      // for the abort error yet, and an unheard 'error' event would end the process.
+      body.on('error', () => {})
       body.destroy()
     },
   }, { highWaterMark: 0 })
