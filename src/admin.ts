@@ -1,5 +1,6 @@
 import { Hono } from 'hono'
-import { requestIdOf, type AppEnv } from './app.js'
+import { requestIdOf } from './app.js'
+import { noAuthentication, type Authenticate, type Identity } from './identity.js'
 import { parseDuration } from './config/units.js'
 import { maxFence } from './fence.js'
 import { maxEntityLength } from './route.js'
@@ -8,6 +9,27 @@ import type { AuditItem, AuditQuery, Store } from './store/store.js'
 
 export interface AdminDeps {
   store: Store
+  /** Defaults to no authentication, for an admin plane bound to loopback. */
+  authenticate?: Authenticate
+}
+
+type AdminEnv = { Variables: { requestId: string; identity: Identity } }
+
+const adminScope = 'fencegate:admin'
+const auditScope = 'fencegate:audit'
+
+/**
+ * The tenant an admin request may act on. `fencegate:admin` may name any tenant
+ * (`?tenant=`); `fencegate:audit` reads only its own tenant's audit trail.
+ * Without authentication (scopes null) the loopback-bound operator may do anything.
+ */
+function tenantFor(identity: Identity, requested: string | undefined, auditOnly: boolean): string | undefined {
+  if (identity.scopes === null || identity.scopes.has(adminScope)) return auditOnly ? requested : (requested ?? identity.tenant)
+  if (auditOnly && identity.scopes.has(auditScope)) {
+    if (requested !== undefined && requested !== identity.tenant) throw new FencegateError('insufficient_scope', `${auditScope} reads only its own tenant's audit trail`)
+    return identity.tenant
+  }
+  throw new FencegateError('insufficient_scope', `this endpoint requires the ${auditOnly ? `${adminScope} or ${auditScope}` : adminScope} scope`)
 }
 
 /**
@@ -18,11 +40,14 @@ export interface AdminDeps {
  * const admin = createAdminApp({ store })
  * const page = await (await admin.request('/audit?code=stale_fence&limit=50')).json()
  */
-export function createAdminApp(deps: AdminDeps): Hono<AppEnv> {
+export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   const { store } = deps
-  const app = new Hono<AppEnv>()
+  const authenticate = deps.authenticate ?? noAuthentication
+  const app = new Hono<AdminEnv>()
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))
+    // Health is for load balancers and carries no tenant data; everything else needs an identity.
+    if (c.req.path !== '/health') c.set('identity', await authenticate(c.req.raw))
     await next()
     c.header('x-request-id', c.get('requestId'))
   })
@@ -38,12 +63,13 @@ export function createAdminApp(deps: AdminDeps): Hono<AppEnv> {
 
   app.get('/audit', async (c) => {
     const query = parseAuditQuery(new URL(c.req.url).searchParams)
+    query.tenant = tenantFor(c.get('identity'), query.tenant, true)
     return c.json(await storeCall(() => readAuditPage(store, query)))
   })
 
   app.get('/entities/:entity', async (c) => {
     const entity = c.req.param('entity')
-    const tenant = c.req.query('tenant') ?? 'default'
+    const tenant = tenantFor(c.get('identity'), c.req.query('tenant'), false) ?? 'default'
     const state = await storeCall(() => store.getEntity(tenant, entity))
     if (!state) throw new FencegateError('not_found', `no fence has been accepted for ${entity} in tenant ${tenant}`)
     return c.json(state)
@@ -51,7 +77,7 @@ export function createAdminApp(deps: AdminDeps): Hono<AppEnv> {
 
   app.get('/idempotency/:key', async (c) => {
     const key = c.req.param('key')
-    const tenant = c.req.query('tenant') ?? 'default'
+    const tenant = tenantFor(c.get('identity'), c.req.query('tenant'), false) ?? 'default'
     const record = await storeCall(() => store.getKey(tenant, key))
     if (!record) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
     return c.json(record)
@@ -59,8 +85,8 @@ export function createAdminApp(deps: AdminDeps): Hono<AppEnv> {
 
   app.delete('/idempotency/:key', async (c) => {
     const key = c.req.param('key')
-    const tenant = c.req.query('tenant') ?? 'default'
-    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: null, requestId: c.get('requestId') }))
+    const tenant = tenantFor(c.get('identity'), c.req.query('tenant'), false) ?? 'default'
+    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: c.get('identity').caller, requestId: c.get('requestId') }))
     if (!result) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
     if (!result.released) throw new FencegateError('key_not_releasable', `the record is ${result.state}; only an unknown outcome (or an in-flight record whose lock expired) can be released`, { state: result.state })
     return c.json({ key, tenant, released: true, previous_state: result.state })

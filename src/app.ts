@@ -1,6 +1,7 @@
 import { Hono } from 'hono'
 import type { Config } from './config/schema.js'
 import type { Forward } from './forward.js'
+import { noAuthentication, type Authenticate } from './identity.js'
 import { silentLogger, type Logger } from './log.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
@@ -12,6 +13,8 @@ export interface AppDeps {
   config: Config
   store: Store
   forward: Forward
+  /** Defaults to no authentication: every request is tenant `default`. */
+  authenticate?: Authenticate
   log?: Logger
 }
 
@@ -35,7 +38,7 @@ export function requestIdOf(request: Request): string {
  */
 export function createApp(deps: AppDeps): Hono<AppEnv> {
   const log = deps.log ?? silentLogger
-  const handle = createPipeline({ ...deps, router: createRouter(deps.config.routes), log })
+  const handle = createPipeline({ ...deps, authenticate: deps.authenticate ?? noAuthentication, router: createRouter(deps.config.routes), log })
   const app = new Hono<AppEnv>()
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))

@@ -1,8 +1,12 @@
 import { serve, type ServerType } from '@hono/node-server'
+import { readFileSync } from 'node:fs'
+import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from './admin.js'
 import { createApp } from './app.js'
-import type { Config } from './config/schema.js'
+import type { AuthConfig, Config } from './config/schema.js'
+import { createAuthenticator, type VerificationKeys } from './identity.js'
+import { unsafeTarget } from './node/target.js'
 import { createLogger, type Logger } from './log.js'
 import { createUndiciForward } from './node/forward.js'
 import type { Db } from './store/db.js'
@@ -51,13 +55,14 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
   const db = await openDb(options.databaseUrl, config.store.data_dir)
   const store = createStore(db)
   const upstream = createUndiciForward()
-  const app = createApp({ config, store, forward: upstream.forward, log })
-  const admin = createAdminApp({ store })
+  const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
+  const app = createApp({ config, store, forward: upstream.forward, authenticate, log })
+  const admin = createAdminApp({ store, authenticate })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined
   try {
-    data = await listen(app.fetch, config.server.host, config.server.port)
-    adminServer = await listen(admin.fetch, config.server.admin_host, config.server.admin_port)
+    data = await listen(guarded(app.fetch), config.server.host, config.server.port, config.server.max_header_bytes)
+    adminServer = await listen(guarded(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
   } catch (err) {
     data?.close()
     await upstream.close()
@@ -85,9 +90,24 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
   }
 }
 
-function listen(fetch: (request: Request) => Response | Promise<Response>, hostname: string, port: number): Promise<ServerType> {
+type Fetch = (request: Request, env: { incoming?: IncomingMessage }) => Response | Promise<Response>
+
+/** Checks the raw request target before the URL parser normalises it away. */
+export function guarded(fetch: (request: Request, env: never) => Response | Promise<Response>): Fetch {
+  return (request, env) => unsafeTarget(env.incoming?.url) ?? fetch(request, env as never)
+}
+
+/** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */
+export function verificationKeys(auth: AuthConfig): VerificationKeys {
+  if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url }
+  if (auth.public_keys) return { kind: 'public', keys: auth.public_keys.map((k) => ({ pem: readFileSync(k.file, 'utf8'), alg: k.alg })) }
+  return { kind: 'hmac', secret: auth.hs256_secret ?? '' }
+}
+
+/** Serves a Hono app's fetch on Node, with the raw-target guard. */
+export function listen(fetch: Fetch, hostname: string, port: number, maxHeaderSize: number): Promise<ServerType> {
   return new Promise((resolve, reject) => {
-    const server = serve({ fetch, hostname, port }, () => resolve(server))
+    const server = serve({ fetch: fetch as never, hostname, port, serverOptions: { maxHeaderSize } }, () => resolve(server))
     server.once('error', reject)
   })
 }

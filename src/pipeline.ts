@@ -3,7 +3,7 @@ import type { Config } from './config/schema.js'
 import { fenceHeader, parseFence, staleFenceError } from './fence.js'
 import { clientResponseHeaders, ForwardError, upstreamRequestHeaders, type Forward } from './forward.js'
 import { fingerprint, idempotencyHeader, parseIdempotencyKey, replayResponse } from './idempotency.js'
-import { resolveIdentity, type Identity } from './identity.js'
+import { requireScopes, type Authenticate, type Identity } from './identity.js'
 import type { Logger } from './log.js'
 import { logged, settleResponse, waitForOutcome } from './outcome.js'
 import { FencegateError } from './problems.js'
@@ -16,6 +16,7 @@ export interface PipelineDeps {
   router: Router
   store: Store
   forward: Forward
+  authenticate: Authenticate
   log: Logger
 }
 
@@ -42,7 +43,7 @@ type Body = Uint8Array | ReadableStream<Uint8Array> | null
  * Every error it throws is a FencegateError that the app renders as problem+json.
  */
 export function createPipeline(deps: PipelineDeps) {
-  const { config, router, store, forward, log } = deps
+  const { config, router, store, forward, authenticate, log } = deps
   const bodyLimit = config.server.max_request_body
 
   return async function handle(request: Request, requestId: string): Promise<Response> {
@@ -57,11 +58,12 @@ export function createPipeline(deps: PipelineDeps) {
       const rc = route.config
       trace.route = route
 
-      // 2. Identity: the tenant comes from authentication, never from the request.
-      trace.identity = resolveIdentity(request)
+      // 2. Identity: the tenant comes from the verified token, never from the request.
+      trace.identity = await authenticate(request)
+      await audited(trace, async () => requireScopes(trace.identity!, rc.scopes))
 
       // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
-      const checked = rc.fence !== 'off' || rc.idempotency !== 'off'
+      const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
       let body: Body
       let bodyExceeded = () => false
       if (checked) {
@@ -126,7 +128,9 @@ export function createPipeline(deps: PipelineDeps) {
       trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
       if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
     }
-    if (trace.fence !== undefined) trace.entity = resolveEntity(trace.route!.entity!, entitySources(request, url, params, bytes))
+    const sources = entitySources(request, url, params, bytes)
+    if (rc.claimed_tenant) checkClaimedTenant(rc.claimed_tenant, sources, trace.identity!)
+    if (trace.fence !== undefined) trace.entity = resolveEntity(trace.route!.entity!, sources)
     if (trace.key === undefined) return null
     trace.keySha256 = await sha256Hex(new TextEncoder().encode(trace.key))
     return {
@@ -190,6 +194,9 @@ export function createPipeline(deps: PipelineDeps) {
   async function forwardUpstream(request: Request, url: URL, route: Route, body: Body, bodyExceeded: () => boolean, requestId: string, held: Held | undefined): Promise<Response> {
     const headers = upstreamRequestHeaders(request.headers)
     headers.set('x-request-id', requestId)
+    // The caller's credentials are for fencegate; the upstream gets the route's own unless told otherwise.
+    if (!route.config.forward_authorization) headers.delete('authorization')
+    for (const [name, value] of Object.entries(route.config.upstream_headers)) headers.set(name, value)
     // Re-set after filtering: a client naming it in `Connection` must not hide the fence from the upstream.
     const fence = request.headers.get(fenceHeader)
     if (fence !== null) headers.set(fenceHeader, fence)
@@ -214,6 +221,28 @@ export function createPipeline(deps: PipelineDeps) {
       duration_ms: Math.round((performance.now() - started) * 100) / 100,
     })
   }
+}
+
+/**
+ * A tenant the request itself names (`claimed_tenant`) is evidence, never
+ * authority: it must agree with the token's tenant or the request is refused.
+ */
+function checkClaimedTenant(where: string, sources: ReturnType<typeof entitySources>, identity: Identity): void {
+  const claimed = readClaim(where, sources)
+  if (claimed !== undefined && claimed !== identity.tenant) {
+    throw new FencegateError('tenant_mismatch', `the request claims another tenant (${where}) than its token`)
+  }
+}
+
+function readClaim(where: string, sources: ReturnType<typeof entitySources>): string | undefined {
+  const [source, ...path] = where.split('.')
+  if (source === 'header') return sources.headers.get(path[0]!) ?? undefined
+  let node = sources.json()
+  for (const key of path) {
+    if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
+    node = (node as Record<string, unknown>)[key]
+  }
+  return node === undefined ? undefined : String(node)
 }
 
 function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array) {

@@ -5,6 +5,10 @@
 export const problemCatalog = {
   no_route: { status: 404, title: 'No route matches this request' },
   invalid_request: { status: 400, title: 'The request is malformed' },
+  unauthenticated: { status: 401, title: 'A valid bearer token is required' },
+  tenant_missing: { status: 403, title: 'The token names no tenant' },
+  tenant_mismatch: { status: 403, title: 'The request claims a tenant other than the token' },
+  insufficient_scope: { status: 403, title: 'The token lacks a scope this route requires' },
   invalid_fence: { status: 400, title: 'X-Execution-Fence is not a valid fence' },
   fence_required: { status: 428, title: 'This route requires X-Execution-Fence' },
   entity_unresolved: { status: 400, title: 'The entity could not be resolved from the request' },

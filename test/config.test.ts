@@ -63,7 +63,9 @@ describe('parseConfig defaults', () => {
       admin_host: '127.0.0.1',
       admin_port: 8081,
       max_request_body: 1024 * 1024,
+      max_header_bytes: 16 * 1024,
     })
+    expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
     expect(config.store).toEqual({ data_dir: '.fencegate' })
     expect(config.store.url).toBeUndefined()
     expect(config.log).toEqual({ level: 'info' })
@@ -72,11 +74,15 @@ describe('parseConfig defaults', () => {
     expect(r.fence).toBe('required')
     expect(r.timeout_ms).toBe(10_000)
     expect(r.upstream).toEqual({ origin: 'http://127.0.0.1:9001', basePath: '' })
+    expect(r).toMatchObject({
+      idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, idempotency_wait: 0, on_unknown_outcome: 'fail',
+      transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {},
+    })
   })
 
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
-    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576 })
+    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384 })
     expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate' })
   })
 
@@ -473,12 +479,12 @@ describe('${VAR} expansion', () => {
     ['a document marker', '---\nrouters: []'],
     ['leading and trailing spaces', '  padded  '],
   ])('a value containing YAML syntax (%s) cannot inject structure', (_name, value) => {
-    const config = loadConfigText(`server: { host: \${HOST}, admin_host: "\${HOST}" }\nstore:\n  data_dir: \${HOST}\n${routeYaml()}`, { HOST: value })
+    const config = loadConfigText(`server: { host: \${HOST}, admin_host: 127.0.0.1 }\nauth: { tenant_claim: "\${HOST}" }\nstore:\n  data_dir: \${HOST}\n${routeYaml()}`, { HOST: value })
     expect(config.server.host).toBe(value)
-    expect(config.server.admin_host).toBe(value)
+    expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'store', 'log', 'routes'])
-    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes'])
+    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
   })
@@ -506,8 +512,8 @@ describe('${VAR} expansion', () => {
   })
 
   it('expands the same variable twice', () => {
-    const config = loadConfigText(`server:\n  host: \${H}\n  admin_host: \${H}\n${routeYaml()}`, { H: '10.0.0.1' })
-    expect(config.server).toMatchObject({ host: '10.0.0.1', admin_host: '10.0.0.1' })
+    const config = loadConfigText(`server:\n  host: \${H}\n  admin_host: \${H}\n${routeYaml()}`, { H: '127.0.0.1' })
+    expect(config.server).toMatchObject({ host: '127.0.0.1', admin_host: '127.0.0.1' })
   })
 })
 
@@ -585,5 +591,24 @@ describe('regressions', () => {
   })
   it('${VAR:-default} uses the default when VAR is set but empty, as a shell does', () => {
     expect(loadConfigText(`server: { port: \${PORT:-9000} }\n${routeYaml()}`, { PORT: '' }).server.port).toBe(9000)
+  })
+})
+
+describe('idempotency and auth options', () => {
+  it('a route whose timeout_ms is at least its idempotency_lock is refused only when idempotency is on', () => {
+    expect(parseConfig({ routes: [route({ timeout_ms: 600_000 })] }).routes[0]!.timeout_ms).toBe(600_000)
+    expect(problemsOf(() => parseConfig({ routes: [route({ timeout_ms: 30_000, idempotency: 'required' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.idempotency_lock: must exceed timeout_ms/)])
+  })
+  it('without auth the admin plane stays on loopback and routes cannot ask for scopes or tenant claims', () => {
+    expect(problemsOf(() => parseConfig({ server: { admin_host: '0.0.0.0' }, routes: [route()] }))).toEqual([expect.stringMatching(/^server\.admin_host: /)])
+    expect(problemsOf(() => parseConfig({ routes: [route({ scopes: ['a'] })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.scopes: /)])
+    expect(problemsOf(() => parseConfig({ routes: [route({ claimed_tenant: 'body.tenant' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.claimed_tenant: /)])
+    const jwt = { mode: 'jwt', issuer: 'https://i', audience: 'a', hs256_secret: 'x'.repeat(32) }
+    expect(parseConfig({ auth: jwt, server: { admin_host: '0.0.0.0' }, routes: [route({ scopes: ['a'], claimed_tenant: 'header.X-Tenant-Id' })] }).routes[0]!.scopes).toEqual(['a'])
+  })
+  it('parses durations and refuses bad ones, naming the field', () => {
+    const r = parseConfig({ routes: [route({ idempotency: 'required', idempotency_ttl: '1h', idempotency_lock: '45s', idempotency_wait: 500 })] }).routes[0]!
+    expect([r.idempotency_ttl, r.idempotency_lock, r.idempotency_wait]).toEqual([3_600_000, 45_000, 500])
+    expect(problemsOf(() => parseConfig({ routes: [route({ idempotency_ttl: 'forever' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.idempotency_ttl: /)])
   })
 })

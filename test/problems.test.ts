@@ -7,20 +7,26 @@ import { fingerprint } from '../src/idempotency.js'
 import type { Command, Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
+import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
-type Apps = { store: Store; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
 const claimOf = (key: string, fp: string): Command => ({
   tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
   idempotency: { key, fingerprint: fp, ownerToken: 'test', lockMs: 60_000, ttlMs: 60_000, retryUnknown: false },
 })
+const withToken = (jwt: string, extra: Record<string, string> = {}): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', authorization: `Bearer ${jwt}`, ...extra } })
 const fenced = (fence?: string, body = '{}'): RequestInit => ({ method: 'POST', body, headers: fence === undefined ? {} : { 'x-execution-fence': fence } })
 
 /** How to provoke each code through the real apps; every code in the catalog must appear here. */
 const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>> = {
   no_route: ({ data }) => data.request('/nowhere', fenced('1')),
   invalid_request: ({ data }) => data.request('/payments/%E0%A4%A/capture', fenced('1')),
+  unauthenticated: ({ authData }) => authData.request('/payments/1/capture', fenced('1')),
+  tenant_missing: async ({ authData }) => authData.request('/payments/1/capture', withToken(await token({ tenant_id: undefined }))),
+  tenant_mismatch: async ({ authData }) => authData.request('/claimed/1', withToken(await token(), { 'x-tenant-id': 'globex' })),
+  insufficient_scope: async ({ authData }) => authData.request('/scoped/1', withToken(await token({ scope: 'other' }))),
   invalid_fence: ({ data }) => data.request('/payments/1/capture', fenced('0x10')),
   fence_required: ({ data }) => data.request('/payments/1/capture', fenced()),
   entity_unresolved: ({ data }) => data.request('/tickets', fenced('1', '{"no_ticket":true}')),
@@ -86,8 +92,14 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'tiny', path: '/tiny/:id', entity: 't:{params.id}', idempotency: 'required', max_stored_body: 1 }),
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
     ], { server: { max_request_body: 1024 } })
+    const authConfig = testConfig([
+      route(upstream.url),
+      route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
+      route(upstream.url, { name: 'scoped', path: '/scoped/:invoice_id', scopes: ['payments:write'] }),
+    ], { auth: jwtAuth })
     apps = {
       store: t.store,
+      authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator() }),
       data: createApp({ config, store: t.store, forward: undici.forward }),
       admin: createAdminApp({ store: t.store }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
@@ -118,7 +130,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

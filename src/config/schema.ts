@@ -70,8 +70,12 @@ export const routeSchema = z.object({
   on_unknown_outcome: z.enum(['fail', 'retry']).default('fail'),
   transient_statuses: z.array(z.number().int().min(100).max(599)).default([429, 503]),
   max_stored_body: size.default(1024 * 1024),
+  scopes: z.array(z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected a scope such as payments:write')).default([]),
+  claimed_tenant: z.string().regex(/^(body(\.[^.\s]+)+|header\.[A-Za-z0-9-]+)$/, 'expected body.a.b or header.Name').optional(),
+  forward_authorization: z.boolean().default(false),
+  upstream_headers: z.record(z.string().regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/, 'expected a header name'), z.string().regex(/^[\t\x20-\x7E\x80-\xFF]*$/, 'expected a header value without control characters')).default({}),
 }).strict().superRefine((r, ctx) => {
-  if (r.idempotency_lock <= r.timeout_ms) {
+  if (r.idempotency !== 'off' && r.idempotency_lock <= r.timeout_ms) {
     ctx.addIssue({ code: 'custom', path: ['idempotency_lock'], message: `must exceed timeout_ms (${r.timeout_ms} ms): a lock that ends before the upstream answers would hand the key to a duplicate` })
   }
   if (r.fence !== 'off' && r.entity === undefined) {
@@ -89,6 +93,31 @@ export const routeSchema = z.object({
   if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
 })
 
+const jwsAlgorithms = ['ES256', 'ES384', 'ES512', 'RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'EdDSA'] as const
+
+export const authSchema = z.object({
+  mode: z.enum(['none', 'jwt']).default('none'),
+  issuer: z.string().min(1).optional(),
+  audience: z.string().min(1).optional(),
+  jwks_url: z.url({ protocol: /^https?$/ }).optional(),
+  public_keys: z.array(z.object({ file: z.string().min(1), alg: z.enum(jwsAlgorithms) }).strict()).min(1).optional(),
+  hs256_secret: z.string().optional(),
+  tenant_claim: z.string().min(1).default('tenant_id'),
+  clock_tolerance: duration.pipe(z.number().max(300_000, 'must be at most 5m')).default(5000),
+}).strict().superRefine((a, ctx) => {
+  if (a.mode !== 'jwt') return
+  const sources = [a.jwks_url, a.public_keys, a.hs256_secret].filter((s) => s !== undefined).length
+  if (sources !== 1) ctx.addIssue({ code: 'custom', message: 'jwt needs exactly one of jwks_url, public_keys or hs256_secret' })
+  if (!a.issuer) ctx.addIssue({ code: 'custom', path: ['issuer'], message: 'required when mode is jwt' })
+  if (!a.audience) ctx.addIssue({ code: 'custom', path: ['audience'], message: 'required when mode is jwt' })
+  // HS256 with a short secret can be brute-forced offline from any token.
+  if (a.hs256_secret !== undefined && new TextEncoder().encode(a.hs256_secret).byteLength < 32) {
+    ctx.addIssue({ code: 'custom', path: ['hs256_secret'], message: 'must be at least 32 bytes' })
+  }
+})
+
+const loopback = new Set(['127.0.0.1', '::1', 'localhost'])
+
 export const configSchema = z.object({
   server: z.object({
     host: z.string().min(1).default('127.0.0.1'),
@@ -96,7 +125,9 @@ export const configSchema = z.object({
     admin_host: z.string().min(1).default('127.0.0.1'),
     admin_port: port.default(8081),
     max_request_body: size.default(1024 * 1024),
+    max_header_bytes: size.default(16 * 1024),
   }).strict().prefault({}),
+  auth: authSchema.prefault({}),
   store: z.object({
     url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
       z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
@@ -108,6 +139,13 @@ export const configSchema = z.object({
   }).strict().prefault({}),
   routes: z.array(routeSchema).min(1, 'at least one route is required'),
 }).strict().superRefine((c, ctx) => {
+  if (c.auth.mode === 'none' && !loopback.has(c.server.admin_host)) {
+    ctx.addIssue({ code: 'custom', path: ['server', 'admin_host'], message: 'without auth the admin plane may only listen on loopback (127.0.0.1, ::1 or localhost)' })
+  }
+  c.routes.forEach((r, i) => {
+    if (c.auth.mode === 'none' && r.scopes.length > 0) ctx.addIssue({ code: 'custom', path: ['routes', i, 'scopes'], message: 'scopes need auth.mode: jwt' })
+    if (c.auth.mode === 'none' && r.claimed_tenant) ctx.addIssue({ code: 'custom', path: ['routes', i, 'claimed_tenant'], message: 'claimed_tenant needs auth.mode: jwt' })
+  })
   const names = new Set<string>()
   const shapes = new Set<string>()
   c.routes.forEach((r, i) => {
@@ -121,6 +159,8 @@ export const configSchema = z.object({
 
 /** The validated configuration. */
 export type Config = z.output<typeof configSchema>
+/** The validated `auth` section. */
+export type AuthConfig = z.output<typeof authSchema>
 /** One validated route. */
 export type RouteConfig = z.output<typeof routeSchema>
 

@@ -1,10 +1,11 @@
-import { serve, type ServerType } from '@hono/node-server'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../src/admin.js'
 import { createApp } from '../../src/app.js'
 import { parseConfig, type Config } from '../../src/config/schema.js'
 import type { Forward } from '../../src/forward.js'
+import { noAuthentication, type Authenticate } from '../../src/identity.js'
 import type { Logger } from '../../src/log.js'
+import { guarded, listen } from '../../src/node.js'
 import { createUndiciForward } from '../../src/node/forward.js'
 import type { Store } from '../../src/store/store.js'
 
@@ -32,13 +33,15 @@ export interface TestGateway {
   close(): Promise<void>
 }
 
-/** Serves the real data and admin apps over loopback HTTP with the undici forward. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward }): Promise<TestGateway> {
+/** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate }): Promise<TestGateway> {
   const undici = createUndiciForward()
-  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, ...(options.log ? { log: options.log } : {}) })
-  const admin = createAdminApp({ store: options.store })
-  const data = await listen(app.fetch)
-  const adminServer = await listen(admin.fetch)
+  const authenticate = options.authenticate ?? noAuthentication
+  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.log ? { log: options.log } : {}) })
+  const admin = createAdminApp({ store: options.store, authenticate })
+  const maxHeader = options.config.server.max_header_bytes
+  const data = await listen(guarded(app.fetch), '127.0.0.1', 0, maxHeader)
+  const adminServer = await listen(guarded(admin.fetch), '127.0.0.1', 0, maxHeader)
   return {
     url: `http://127.0.0.1:${(data.address() as AddressInfo).port}`,
     adminUrl: `http://127.0.0.1:${(adminServer.address() as AddressInfo).port}`,
@@ -50,12 +53,6 @@ export async function startTestGateway(options: { config: Config; store: Store; 
       await undici.close()
     },
   }
-}
-
-function listen(fetch: (r: Request) => Response | Promise<Response>): Promise<ServerType> {
-  return new Promise((resolve) => {
-    const server = serve({ fetch, hostname: '127.0.0.1', port: 0 }, () => resolve(server))
-  })
 }
 
 /** POSTs with the given fence (or none) and returns status and parsed body. */
