@@ -21,14 +21,19 @@ export async function readBody(request: Request, limit: number): Promise<Uint8Ar
     }
     chunks.push(value)
   }
+  return concatBytes(chunks, size)
+}
+
+/** Joins chunks whose lengths add up to `size` into one array. */
+export function concatBytes(chunks: Uint8Array[], size: number): Uint8Array {
   if (chunks.length === 1) return chunks[0]!
-  const body = new Uint8Array(size)
+  const all = new Uint8Array(size)
   let offset = 0
   for (const c of chunks) {
-    body.set(c, offset)
+    all.set(c, offset)
     offset += c.byteLength
   }
-  return body
+  return all
 }
 
 /**

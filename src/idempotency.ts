@@ -1,4 +1,4 @@
-import { sha256Hex } from './body.js'
+import { concatBytes, sha256Hex } from './body.js'
 import { FencegateError } from './problems.js'
 import type { StoredResponse } from './store/store.js'
 
@@ -91,15 +91,6 @@ export function captureBody(body: ReadableStream<Uint8Array> | null, limit: numb
   let settled: Promise<void> | undefined
   const finish = (captured: Captured) => (settled ??= settle(captured))
 
-  const concat = () => {
-    const all = new Uint8Array(size)
-    let offset = 0
-    for (const c of chunks) {
-      all.set(c, offset)
-      offset += c.byteLength
-    }
-    return all
-  }
   // One read at a time: a cancel can arrive while a pull is still reading.
   let busy: Promise<unknown> = Promise.resolve()
   const step = (): Promise<Uint8Array | undefined> => {
@@ -122,7 +113,7 @@ export function captureBody(body: ReadableStream<Uint8Array> | null, limit: numb
       throw err
     }
     if (next.done) {
-      await finish(size <= limit ? { kind: 'complete', body: concat() } : { kind: 'too_large' })
+      await finish(size <= limit ? { kind: 'complete', body: concatBytes(chunks, size) } : { kind: 'too_large' })
       return undefined
     }
     size += next.value.byteLength
