@@ -21,6 +21,14 @@ describe('fencegate CLI', () => {
     for (const flag of ['--entity', '--code', '--since', '--json', '--admin-url']) expect(audit.stdout).toContain(flag)
   })
 
+  it('runs as npx fencegate from the project', async () => {
+    const { execFile } = await import('node:child_process')
+    const out = await new Promise<string>((resolve, reject) => {
+      execFile('npx', ['--no-install', 'fencegate', '--help'], { cwd: join(import.meta.dirname, '..') }, (err, stdout) => (err ? reject(err) : resolve(stdout)))
+    })
+    expect(out).toContain('usage: fencegate <command>')
+  })
+
   it('exits 2 with the usage on an unknown command or flag', async () => {
     expect((await runCli(['frobnicate'])).code).toBe(2)
     const bad = await runCli(['audit', '--no-such-flag'])
