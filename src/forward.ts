@@ -32,6 +32,8 @@ export class ForwardError extends Error {
 const hopByHop = new Set([
   'connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection',
   'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', 'content-length',
+  // The gateway answers 100-continue itself (Node does); undici refuses to send it on.
+  'expect',
   // Only the gateway says whether an answer is a replay: never pass one through either way.
   'idempotent-replayed',
 ])

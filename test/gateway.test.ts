@@ -182,6 +182,13 @@ describe.each(backends())('gateway on $name', (backend) => {
     expect(received!.headers['x-request-id']).toBe('rid-1')
   })
 
+  it('forwards a request sent with Expect: 100-continue (regression: undici refused the header, answered 502)', async () => {
+    await start([route(upstream.url)])
+    const res = await rawPost(`${gw.url}/payments/1/capture`, { 'x-execution-fence': '1', expect: '100-continue' })
+    expect(res.status).toBe(200)
+    expect(upstream.received[0]!.headers.expect).toBeUndefined()
+  })
+
   it('streams the response: the client reads the first chunk before the upstream finishes', async () => {
     let finish!: () => void
     const finished = new Promise<void>((resolve) => (finish = resolve))
