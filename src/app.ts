@@ -2,6 +2,8 @@ import { Hono } from 'hono'
 import type { Config } from './config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from './identity.js'
+import { createJobsApp, jobsPath } from './leases/api.js'
+import type { JobStore } from './leases/store.js'
 import { silentLogger, type Logger } from './log.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
@@ -13,6 +15,8 @@ export interface AppDeps {
   config: Config
   store: Store
   forward: Forward
+  /** The lease service's statements; without them `/_fencegate/jobs` is not served. */
+  jobs?: JobStore
   /** Defaults to no authentication: every request is tenant `default`. */
   authenticate?: Authenticate
   log?: Logger
@@ -44,6 +48,7 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
     c.set('requestId', requestIdOf(c.req.raw))
     await next()
   })
+  if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log }))
   app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
   app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId')))
   return app

@@ -6,6 +6,7 @@ import { createAdminApp } from './admin.js'
 import { createApp } from './app.js'
 import type { AuthConfig, Config } from './config/schema.js'
 import { createAuthenticator, type VerificationKeys } from './identity.js'
+import { createJobStore } from './leases/store.js'
 import { unsafeTarget } from './node/target.js'
 import { createLogger, type Logger } from './log.js'
 import { createUndiciForward } from './node/forward.js'
@@ -56,7 +57,7 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
   const store = createStore(db)
   const upstream = createUndiciForward()
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
-  const app = createApp({ config, store, forward: upstream.forward, authenticate, log })
+  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: createJobStore(db), log })
   const admin = createAdminApp({ store, authenticate })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined

@@ -86,7 +86,7 @@ export function createPipeline(deps: PipelineDeps) {
           const reservation = await store.reserve({
             tenant: trace.identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
             method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
-            caller: trace.identity.caller, requestId, idempotency: claim,
+            caller: trace.identity.caller, requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
           })
           const early = await answerReservation(reservation, claim, trace)
           if (early) {
@@ -122,7 +122,7 @@ export function createPipeline(deps: PipelineDeps) {
     const rc = trace.route!.config
     if (rc.fence !== 'off') {
       trace.fence = parseFence(request.headers.get(fenceHeader))
-      if (trace.fence === undefined && rc.fence === 'required') throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
+      if (trace.fence === undefined && (rc.fence === 'required' || rc.fence === 'lease')) throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
     }
     if (rc.idempotency !== 'off') {
       trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
@@ -148,6 +148,7 @@ export function createPipeline(deps: PipelineDeps) {
     switch (r.kind) {
       case 'proceed': return undefined
       case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
+      case 'lease_expired': throw new FencegateError('lease_expired', `fence ${trace.fence} is not the current token of a live lease on ${trace.entity}`, { entity: trace.entity!, presented_fence: trace.fence! })
       case 'replay': return replayResponse(r.stored, trace.requestId)
       case 'reused': throw new FencegateError('idempotency_key_reused', 'this Idempotency-Key was used with a different method, path, query or body')
       case 'not_replayable': throw new FencegateError('response_not_replayable', 'the original response was larger than max_stored_body; it is not executed again')
@@ -264,6 +265,13 @@ function entitySources(request: Request, url: URL, params: Record<string, string
       return json
     },
   }
+}
+
+/** The job id behind a `fence: lease` entity (`job:42`); an id that cannot exist matches no lease. */
+function leaseJobOf(mode: string, entity: string | undefined): string | null {
+  if (mode !== 'lease') return null
+  const id = entity?.slice('job:'.length) ?? ''
+  return /^[1-9][0-9]{0,17}$/.test(id) ? id : '0'
 }
 
 /** Store failures fail closed as 503; anything unexpected is an internal error. */

@@ -483,7 +483,7 @@ describe('${VAR} expansion', () => {
     expect(config.server.host).toBe(value)
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'job_types'])
     expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
@@ -610,5 +610,19 @@ describe('idempotency and auth options', () => {
     const r = parseConfig({ routes: [route({ idempotency: 'required', idempotency_ttl: '1h', idempotency_lock: '45s', idempotency_wait: 500 })] }).routes[0]!
     expect([r.idempotency_ttl, r.idempotency_lock, r.idempotency_wait]).toEqual([3_600_000, 45_000, 500])
     expect(problemsOf(() => parseConfig({ routes: [route({ idempotency_ttl: 'forever' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.idempotency_ttl: /)])
+  })
+})
+
+describe('job types and lease-bound routes', () => {
+  it('applies job type defaults and refuses bad or duplicate types', () => {
+    const c = parseConfig({ routes: [route()], job_types: [{ name: 'customer_health_report', lease: '45s' }] })
+    expect(c.job_types[0]).toEqual({ name: 'customer_health_report', lease: 45_000, max_attempts: 5, backoff: 10_000, max_runtime: 1_800_000 })
+    expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '45s' }, { name: 'a', lease: '1m' }] }))).toEqual([expect.stringMatching(/^job_types\[1\]\.name: duplicate/)])
+    expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '10m', max_runtime: '1m' }] }))).toEqual([expect.stringMatching(/^job_types\[0\]\.max_runtime: /)])
+    expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '100ms' }] }))).toEqual([expect.stringMatching(/^job_types\[0\]\.lease: /)])
+  })
+  it('fence: lease needs an entity of the form job:{...}', () => {
+    expect(parseConfig({ routes: [route({ fence: 'lease', entity: 'job:{header.X-Job-Id}' })] }).routes[0]!.fence).toBe('lease')
+    expect(problemsOf(() => parseConfig({ routes: [route({ fence: 'lease' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.entity: fence: lease needs/)])
   })
 })

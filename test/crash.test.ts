@@ -48,7 +48,7 @@ describe.each(backends())('a gateway killed mid-request, on $name', (backend) =>
     const first = await startGatewayProcess(args)
     gateways.push(first)
     const original = post(`${first.dataUrl}/payments/1/capture`, '1', { headers: { 'idempotency-key': 'crash-1' } }).catch((e: unknown) => e)
-    for (let i = 0; i < 2000 && upstream.received.length === 0; i++) await new Promise((r) => setTimeout(r, 5))
+    await upstream.arrived(1)
     expect(upstream.received).toHaveLength(1)
     first.child.kill('SIGKILL')
     await first.stop()

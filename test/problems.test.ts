@@ -4,6 +4,7 @@ import { createApp } from '../src/app.js'
 import { createUndiciForward } from '../src/node/forward.js'
 import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
 import { fingerprint } from '../src/idempotency.js'
+import { createJobStore } from '../src/leases/store.js'
 import type { Command, Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
@@ -17,6 +18,13 @@ const claimOf = (key: string, fp: string): Command => ({
   idempotency: { key, fingerprint: fp, ownerToken: 'test', lockMs: 60_000, ttlMs: 60_000, retryUnknown: false },
 })
 const withToken = (jwt: string, extra: Record<string, string> = {}): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', authorization: `Bearer ${jwt}`, ...extra } })
+const json = (body: unknown): RequestInit => ({ method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+/** Starts and claims a job as worker `w`, then runs `then` with its id and fence. */
+async function claimed(data: Apps['data'], key: string, then: (id: string, fence: string) => Response | Promise<Response>): Promise<Response> {
+  await data.request('/_fencegate/jobs', json({ type: 'report', key }))
+  const claim = await (await data.request('/_fencegate/jobs/claim', json({ worker_id: 'w' }))).json() as { job_id: string; fence: string }
+  return then(claim.job_id, claim.fence)
+}
 const fenced = (fence?: string, body = '{}'): RequestInit => ({ method: 'POST', body, headers: fence === undefined ? {} : { 'x-execution-fence': fence } })
 
 /** How to provoke each code through the real apps; every code in the catalog must appear here. */
@@ -61,6 +69,17 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
   upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
   store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
+  unknown_job_type: ({ data }) => data.request('/_fencegate/jobs', json({ type: 'nope', key: 'k' })),
+  job_not_found: ({ data }) => data.request('/_fencegate/jobs/999999'),
+  job_finished: async ({ data }) => {
+    const { job_id } = await (await data.request('/_fencegate/jobs', json({ type: 'report', key: 'finished' }))).json() as { job_id: string }
+    await data.request(`/_fencegate/jobs/${job_id}/cancel`, { method: 'POST' })
+    return data.request('/_fencegate/jobs', json({ type: 'report', key: 'finished' }))
+  },
+  lease_lost: ({ data }) => claimed(data, 'lost', (id) => data.request(`/_fencegate/jobs/${id}/heartbeat`, json({ worker_id: 'someone-else', fence: '1' }))),
+  not_owner: ({ data }) => claimed(data, 'owner', (id) => data.request(`/_fencegate/jobs/${id}/complete`, json({ worker_id: 'someone-else', fence: '1', result: 1 }))),
+  sequence_conflict: ({ data }) => claimed(data, 'seq', (id, fence) => data.request(`/_fencegate/jobs/${id}/append`, json({ worker_id: 'w', fence, seq: 5, chunk: 'x' }))),
+  lease_expired: ({ data }) => data.request('/render/1', { method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'x-job-id': '424242' } }),
   invalid_query: ({ admin }) => admin.request('/audit?limit=0'),
   not_found: ({ admin }) => admin.request('/entities/never-seen'),
   internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
@@ -90,8 +109,9 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'slow', path: '/slow/:id', entity: 's:{params.id}', timeout_ms: 100 }),
       route(upstream.url, { name: 'keyed', path: '/keyed/:id', entity: 'k:{params.id}', idempotency: 'required' }),
       route(upstream.url, { name: 'tiny', path: '/tiny/:id', entity: 't:{params.id}', idempotency: 'required', max_stored_body: 1 }),
+      route(upstream.url, { name: 'render', path: '/render/:id', fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
-    ], { server: { max_request_body: 1024 } })
+    ], { server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }] })
     const authConfig = testConfig([
       route(upstream.url),
       route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
@@ -100,7 +120,7 @@ describe('every problem code', () => {
     apps = {
       store: t.store,
       authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator() }),
-      data: createApp({ config, store: t.store, forward: undici.forward }),
+      data: createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) }),
       admin: createAdminApp({ store: t.store }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
       // A Forward with a bug of its own: the client must get a bare internal_error.
@@ -130,7 +150,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

@@ -61,7 +61,7 @@ export const routeSchema = z.object({
       ctx.addIssue({ code: 'custom', message: (e as Error).message })
     }
   }),
-  fence: z.enum(['required', 'optional', 'off']).default('required'),
+  fence: z.enum(['required', 'optional', 'off', 'lease']).default('required'),
   timeout_ms: integer(1, 600_000).default(10_000),
   idempotency: z.enum(['required', 'optional', 'off']).default('off'),
   idempotency_ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(365 * 86_400_000, 'must be at most 365d')).default(86_400_000),
@@ -77,6 +77,9 @@ export const routeSchema = z.object({
 }).strict().superRefine((r, ctx) => {
   if (r.idempotency !== 'off' && r.idempotency_lock <= r.timeout_ms) {
     ctx.addIssue({ code: 'custom', path: ['idempotency_lock'], message: `must exceed timeout_ms (${r.timeout_ms} ms): a lock that ends before the upstream answers would hand the key to a duplicate` })
+  }
+  if (r.fence === 'lease' && (r.entity === undefined || !/^job:\{[^{}]+\}$/.test(r.entity))) {
+    ctx.addIssue({ code: 'custom', path: ['entity'], message: 'fence: lease needs an entity of the form job:{source.name}, e.g. job:{header.X-Job-Id}' })
   }
   if (r.fence !== 'off' && r.entity === undefined) {
     ctx.addIssue({ code: 'custom', path: ['entity'], message: `required when fence is ${r.fence}` })
@@ -116,6 +119,16 @@ export const authSchema = z.object({
   }
 })
 
+export const jobTypeSchema = z.object({
+  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/, 'expected 1-64 letters, digits, _ . : -'),
+  lease: duration.pipe(z.number().min(1000, 'must be at least 1s').max(86_400_000, 'must be at most 24h')),
+  max_attempts: z.number().int().min(1).max(1000).default(5),
+  backoff: duration.pipe(z.number().max(600_000, 'must be at most 10m')).default(10_000),
+  max_runtime: duration.pipe(z.number().min(1000).max(7 * 86_400_000, 'must be at most 7d')).default(1_800_000),
+}).strict().superRefine((j, ctx) => {
+  if (j.max_runtime < j.lease) ctx.addIssue({ code: 'custom', path: ['max_runtime'], message: 'must be at least the lease' })
+})
+
 const loopback = new Set(['127.0.0.1', '::1', 'localhost'])
 
 export const configSchema = z.object({
@@ -138,7 +151,13 @@ export const configSchema = z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),
   }).strict().prefault({}),
   routes: z.array(routeSchema).min(1, 'at least one route is required'),
+  job_types: z.array(jobTypeSchema).default([]),
 }).strict().superRefine((c, ctx) => {
+  const jobTypes = new Set<string>()
+  c.job_types.forEach((j, i) => {
+    if (jobTypes.has(j.name)) ctx.addIssue({ code: 'custom', path: ['job_types', i, 'name'], message: `duplicate job type ${j.name}` })
+    jobTypes.add(j.name)
+  })
   if (c.auth.mode === 'none' && !loopback.has(c.server.admin_host)) {
     ctx.addIssue({ code: 'custom', path: ['server', 'admin_host'], message: 'without auth the admin plane may only listen on loopback (127.0.0.1, ::1 or localhost)' })
   }
@@ -161,6 +180,8 @@ export const configSchema = z.object({
 export type Config = z.output<typeof configSchema>
 /** The validated `auth` section. */
 export type AuthConfig = z.output<typeof authSchema>
+/** One validated job type. */
+export type JobType = z.output<typeof jobTypeSchema>
 /** One validated route. */
 export type RouteConfig = z.output<typeof routeSchema>
 

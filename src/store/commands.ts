@@ -13,6 +13,12 @@ export interface Command {
   caller: string | null
   requestId: string
   idempotency: IdempotencyClaim | null
+  /**
+   * For `fence: lease` routes, the job whose lease the fence must belong to:
+   * the fence is accepted only if it is that job's current token on an
+   * unexpired lease of a running job.
+   */
+  leaseJob?: string | null
 }
 
 /** What an idempotent command claims: a key for a payload, and how long it may hold it. */
@@ -37,6 +43,7 @@ export interface StoredResponse {
 /** What the store decided for a command, in one statement. */
 export type Reservation =
   | { kind: 'stale'; highest: string }
+  | { kind: 'lease_expired' }
   | { kind: 'proceed'; highest: string | null }
   | { kind: 'replay'; stored: StoredResponse }
   | { kind: 'in_progress'; retryAfterMs: number }
@@ -53,6 +60,7 @@ interface ReserveRow {
   headers: string | null
   body: Uint8Array | null
   retry_after_ms: number | null
+  lease_ok: boolean
 }
 
 /**
@@ -66,10 +74,21 @@ interface ReserveRow {
  */
 export async function reserve(db: Db, c: Command): Promise<Reservation> {
   const k = c.idempotency
+  const leaseJob = c.leaseJob ?? null
   const [row] = await db.sql<ReserveRow>`
-    WITH decided AS (
+    WITH lease AS (
+      SELECT 1 FROM fg_jobs
+      WHERE ${leaseJob}::text IS NOT NULL AND tenant = ${c.tenant} AND id = ${leaseJob}::bigint
+        AND fence = ${c.fence}::bigint AND state = 'running' AND lease_until > now() AND NOT cancel_requested
+    ), lease_refused AS (
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, body_sha256, caller, request_id, idempotency_key)
+      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'lease_expired', ${c.fence}::bigint, ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
+      WHERE ${leaseJob}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease)
+      RETURNING id
+    ), decided AS (
       INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
-      SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId} WHERE ${c.fence}::bigint IS NOT NULL
+      SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId}
+      WHERE ${c.fence}::bigint IS NOT NULL AND (${leaseJob}::text IS NULL OR EXISTS (SELECT 1 FROM lease))
       ON CONFLICT (tenant, entity) DO UPDATE
         SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
             updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
@@ -87,7 +106,7 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
              now() + ${k?.lockMs}::bigint * interval '1 millisecond',
              now() + (${k?.lockMs}::bigint + ${k?.ttlMs}::bigint) * interval '1 millisecond',
              ${k?.ownerToken}, ${c.requestId}
-      WHERE ${k?.key}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stale)
+      WHERE ${k?.key}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stale) AND NOT EXISTS (SELECT 1 FROM lease_refused)
       ON CONFLICT (tenant, key) DO UPDATE SET
         (state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
          request_id, attempt, created_at, completed_at, status, headers, body) = (
@@ -123,12 +142,13 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       FROM reserved WHERE NOT owned AND NOT same_payload
       RETURNING id
     )
-    SELECT (SELECT highest_fence::text FROM decided) AS highest, r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
+    SELECT NOT EXISTS (SELECT 1 FROM lease_refused) AS lease_ok, (SELECT highest_fence::text FROM decided) AS highest, r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
     FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true`
   return decide(row!, c)
 }
 
 function decide(row: ReserveRow, c: Command): Reservation {
+  if (!row.lease_ok) return { kind: 'lease_expired' }
   if (row.highest !== null && BigInt(row.highest) > BigInt(c.fence!)) return { kind: 'stale', highest: row.highest }
   if (!c.idempotency || row.owned) return { kind: 'proceed', highest: row.highest }
   if (!row.same_payload) return { kind: 'reused' }

@@ -4,6 +4,7 @@ import { createApp } from '../../src/app.js'
 import { parseConfig, type Config } from '../../src/config/schema.js'
 import type { Forward } from '../../src/forward.js'
 import { noAuthentication, type Authenticate } from '../../src/identity.js'
+import type { JobStore } from '../../src/leases/store.js'
 import type { Logger } from '../../src/log.js'
 import { guarded, listen } from '../../src/node.js'
 import { createUndiciForward } from '../../src/node/forward.js'
@@ -34,10 +35,10 @@ export interface TestGateway {
 }
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate }): Promise<TestGateway> {
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore }): Promise<TestGateway> {
   const undici = createUndiciForward()
   const authenticate = options.authenticate ?? noAuthentication
-  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.log ? { log: options.log } : {}) })
+  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate })
   const maxHeader = options.config.server.max_header_bytes
   const data = await listen(guarded(app.fetch), '127.0.0.1', 0, maxHeader)

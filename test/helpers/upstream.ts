@@ -17,6 +17,8 @@ export interface TestUpstream {
   /** Every request that reached the upstream, in arrival order. */
   received: ReceivedRequest[]
   handle(handler: UpstreamHandler): void
+  /** Resolves once `count` requests in all have arrived. */
+  arrived(count: number): Promise<void>
   close(): Promise<void>
 }
 
@@ -28,6 +30,7 @@ const echo: UpstreamHandler = (req, res) => {
 /** A real HTTP server on loopback that records what the gateway sent it. */
 export async function startUpstream(handler: UpstreamHandler = echo): Promise<TestUpstream> {
   const received: ReceivedRequest[] = []
+  const waiters: { count: number; resolve: () => void }[] = []
   let current = handler
   const sockets = new Set<Socket>()
   const server = createServer((req, res) => {
@@ -36,6 +39,7 @@ export async function startUpstream(handler: UpstreamHandler = echo): Promise<Te
     req.on('end', () => {
       const r: ReceivedRequest = { method: req.method!, path: req.url!, headers: req.headers, rawHeaders: req.rawHeaders, body: Buffer.concat(chunks) }
       received.push(r)
+      for (const w of waiters.filter((w) => received.length >= w.count)) w.resolve()
       void current(r, res)
     })
   })
@@ -51,6 +55,10 @@ export async function startUpstream(handler: UpstreamHandler = echo): Promise<Te
     received,
     handle(h) {
       current = h
+    },
+    arrived(count) {
+      if (received.length >= count) return Promise.resolve()
+      return new Promise((resolve) => waiters.push({ count, resolve }))
     },
     close: () => new Promise((resolve) => {
       for (const s of sockets) s.destroy()

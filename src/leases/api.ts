@@ -1,0 +1,166 @@
+import { Hono } from 'hono'
+import { z } from 'zod'
+import { readBody } from '../body.js'
+import type { Config, JobType } from '../config/schema.js'
+import type { Authenticate, Identity } from '../identity.js'
+import type { Logger } from '../log.js'
+import { FencegateError } from '../problems.js'
+import type { Holder, JobStore } from './store.js'
+
+/** The reserved prefix the job API lives under; no route may claim it. */
+export const jobsPath = '/_fencegate/jobs'
+
+const id = z.string().min(1).max(255)
+const startBody = z.object({ type: z.string(), key: id, payload: z.unknown().optional(), restart: z.boolean().optional() }).strict()
+const claimBody = z.object({ worker_id: id, types: z.array(z.string()).min(1).optional(), wait: z.number().min(0).max(30).optional() }).strict()
+const holderBody = z.object({ worker_id: id, fence: z.string().regex(/^(0|[1-9][0-9]{0,18})$/) })
+const appendBody = holderBody.extend({ seq: z.number().int().min(0).max(1_000_000), chunk: z.unknown() }).strict()
+const completeBody = holderBody.extend({ result: z.unknown().optional() }).strict()
+const failBody = holderBody.extend({ error: z.unknown().optional(), retryable: z.boolean() }).strict()
+
+type Env = { Variables: { requestId: string } }
+
+/**
+ * The lease service: jobs that only one live owner may run, renew and finish.
+ * Every decision is one statement on the database clock (src/leases/store.ts);
+ * the tenant always comes from the caller's identity.
+ *
+ * @example
+ * app.route(jobsPath, createJobsApp({ config, jobs: createJobStore(db), authenticate, log }))
+ */
+export function createJobsApp(deps: { config: Config; jobs: JobStore; authenticate: Authenticate; log: Logger }) {
+  const { config, jobs, authenticate, log } = deps
+  const types = new Map(config.job_types.map((t) => [t.name, t]))
+  const app = new Hono<Env>()
+
+  async function json<S extends z.ZodType>(request: Request, schema: S): Promise<z.output<S>> {
+    const bytes = await readBody(request, config.server.max_request_body)
+    let value: unknown
+    try {
+      value = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
+    } catch {
+      throw new FencegateError('invalid_request', 'the body must be JSON')
+    }
+    const parsed = schema.safeParse(value)
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0]!
+      throw new FencegateError('invalid_request', `${issue.path.join('.') || 'body'}: ${issue.message}`)
+    }
+    return parsed.data
+  }
+  const typesFor = (names: string[] | undefined): JobType[] => {
+    if (!names) return config.job_types
+    return names.map((n) => {
+      const t = types.get(n)
+      if (!t) throw new FencegateError('unknown_job_type', `no job type ${JSON.stringify(n)} is configured`)
+      return t
+    })
+  }
+  const jobIdOf = (raw: string) => {
+    if (!/^[1-9][0-9]{0,17}$/.test(raw)) throw new FencegateError('job_not_found', 'no such job')
+    return raw
+  }
+  const holder = (identity: Identity, jobId: string, body: { worker_id: string; fence: string }): Holder =>
+    ({ tenant: identity.tenant, jobId, workerId: body.worker_id, fence: body.fence })
+  const lost = async (h: Holder, code: 'lease_lost' | 'not_owner' = 'lease_lost') => {
+    const reason = await jobs.lostReason(h)
+    if (reason === 'not_found') return new FencegateError('job_not_found', 'no such job')
+    log.info(code === 'not_owner' ? 'result_rejected' : 'heartbeat_lost', { job_id: h.jobId, fence: h.fence, reason })
+    return new FencegateError(code, `this worker and fence no longer hold the job (${reason})`, { reason })
+  }
+
+  app.post('/', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, startBody)
+    typesFor([body.type])
+    const job = await jobs.startJob({ tenant: identity.tenant, type: body.type, key: body.key, payload: body.payload, restart: body.restart ?? false })
+    if (job.created) return c.json({ job_id: job.job_id, state: job.state, created: true }, 201)
+    if (job.state === 'succeeded') return c.json({ job_id: job.job_id, state: job.state, result: job.result })
+    if (job.state === 'failed' || job.state === 'cancelled') {
+      throw new FencegateError('job_finished', `the job is ${job.state}; start it with "restart": true to run it again`, { job_id: job.job_id, state: job.state })
+    }
+    return c.json({ job_id: job.job_id, state: job.state, joined: true })
+  })
+
+  app.post('/claim', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, claimBody)
+    const wanted = typesFor(body.types)
+    const deadline = Date.now() + (body.wait ?? 0) * 1000
+    for (let interval = 50; ; interval = Math.min(interval * 2, 500)) {
+      // Jobs out of attempts are finished by the claim itself; keep going so they never block the queue.
+      for (let i = 0; i < 100; i++) {
+        const claimed = await jobs.claimOne({ tenant: identity.tenant, workerId: body.worker_id, types: wanted })
+        if (!claimed) break
+        if (claimed.state !== 'running') continue
+        log.info('job_claimed', { job_id: claimed.job_id, fence: claimed.fence, attempt: claimed.attempt })
+        const { state: _state, ...answer } = claimed
+        return c.json(answer)
+      }
+      if (Date.now() >= deadline) return c.body(null, 204)
+      await new Promise((resolve) => setTimeout(resolve, Math.min(interval, Math.max(0, deadline - Date.now()))))
+    }
+  })
+
+  app.get('/:id', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const jobId = jobIdOf(c.req.param('id'))
+    const job = await jobs.getJob(identity.tenant, jobId)
+    if (!job) throw new FencegateError('job_not_found', 'no such job')
+    const from = c.req.query('from')
+    if (from === undefined) return c.json(job)
+    if (!/^\d{1,7}$/.test(from)) throw new FencegateError('invalid_query', 'from must be a chunk number', { parameter: 'from' })
+    return c.json({ ...job, from: Number(from), chunks: await jobs.chunksFrom(jobId, Number(from)) })
+  })
+
+  app.post('/:id/heartbeat', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const h = holder(identity, jobIdOf(c.req.param('id')), await json(c.req.raw, holderBody.strict()))
+    const renewed = await jobs.heartbeat(h, config.job_types)
+    if (renewed) return c.json(renewed)
+    if (await jobs.failOverRuntime(h, config.job_types)) {
+      throw new FencegateError('lease_lost', 'the job ran past max_runtime and was failed', { reason: 'max_runtime' })
+    }
+    throw await lost(h)
+  })
+
+  app.post('/:id/append', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, appendBody)
+    const h = holder(identity, jobIdOf(c.req.param('id')), body)
+    const r = await jobs.append(h, body.seq, body.chunk)
+    if (!r.live) throw await lost(h)
+    if (r.inserted || r.same) return c.json({ seq: body.seq, cursor_length: r.cursor_length })
+    throw new FencegateError('sequence_conflict', `the next chunk is ${r.cursor_length}; seq ${body.seq} is a gap or differs from the stored chunk`, { cursor_length: r.cursor_length ?? 0 })
+  })
+
+  app.post('/:id/complete', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, completeBody)
+    const h = holder(identity, jobIdOf(c.req.param('id')), body)
+    const r = await jobs.complete(h, body.result, { requestId: c.get('requestId'), caller: identity.caller, path: c.req.path })
+    if (r.completed || r.repeated) return c.json({ job_id: h.jobId, state: 'succeeded' })
+    throw await lost(h, 'not_owner')
+  })
+
+  app.post('/:id/fail', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, failBody)
+    const h = holder(identity, jobIdOf(c.req.param('id')), body)
+    const r = await jobs.fail(h, config.job_types, body.error, body.retryable)
+    if (r) return c.json({ job_id: h.jobId, state: r.state })
+    throw await lost(h)
+  })
+
+  app.post('/:id/cancel', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const jobId = jobIdOf(c.req.param('id'))
+    const r = await jobs.cancel(identity.tenant, jobId)
+    if (r) return c.json({ job_id: jobId, state: r.state, cancel_requested: true })
+    const job = await jobs.getJob(identity.tenant, jobId)
+    if (!job) throw new FencegateError('job_not_found', 'no such job')
+    throw new FencegateError('job_finished', `the job is ${job.state}`, { state: job.state })
+  })
+
+  return app
+}

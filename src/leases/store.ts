@@ -1,0 +1,265 @@
+import type { JobType } from '../config/schema.js'
+import type { Db } from '../store/db.js'
+
+/** A job as its owner and readers see it; the lease is reported as remaining milliseconds computed by the database. */
+export interface JobView {
+  job_id: string
+  type: string
+  key: string
+  state: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
+  attempt: number
+  fence: string
+  owner: string | null
+  remaining_lease_ms: number | null
+  cancel_requested: boolean
+  cursor_length: number
+  result: unknown
+  error: unknown
+  error_code: string | null
+}
+
+export interface Claimed {
+  job_id: string
+  type: string
+  payload: unknown
+  fence: string
+  lease_until: string
+  attempt: number
+  state: string
+}
+
+/** Who is acting on a job: the owner's worker id and the fence it was given at claim. */
+export interface Holder {
+  tenant: string
+  jobId: string
+  workerId: string
+  fence: string
+}
+
+/** Why a holder no longer holds a job. */
+export type LostReason = 'expired' | 'superseded' | 'cancelled' | 'finished' | 'max_runtime' | 'not_found'
+
+// Job-type settings travel as one JSON parameter, so statements join them without per-type SQL.
+const typesJson = (types: JobType[]) => JSON.stringify(types.map((t) => ({
+  name: t.name, lease_ms: t.lease, max_attempts: t.max_attempts, backoff_ms: t.backoff, max_runtime_ms: t.max_runtime,
+})))
+
+/**
+ * Starts a job by its natural key, or joins the one that exists. With
+ * `restart`, a failed or cancelled job starts a new attempt cycle under the same id.
+ * One statement, so two concurrent starts of one key always get one job id.
+ */
+export async function startJob(db: Db, s: { tenant: string; type: string; key: string; payload: unknown; restart: boolean }) {
+  const [row] = await db.sql<{ job_id: string; state: JobView['state']; created: boolean; result: unknown }>`
+    INSERT INTO fg_jobs AS j (tenant, type, key, payload, state)
+    VALUES (${s.tenant}, ${s.type}, ${s.key}, ${JSON.stringify(s.payload ?? null)}::text::jsonb, 'queued')
+    ON CONFLICT (tenant, type, key) DO UPDATE SET
+      (state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload) = (
+        SELECT state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload FROM (
+          SELECT 0 AS pick, 'queued' AS state, 0 AS attempt, NULL::text AS owner, NULL::timestamptz AS lease_until, NULL::timestamptz AS started_at,
+                 now() AS run_after, false AS cancel_requested, NULL::jsonb AS result, NULL::jsonb AS error, NULL::text AS error_code,
+                 NULL::timestamptz AS finished_at, EXCLUDED.payload AS payload
+          WHERE ${s.restart}::boolean AND j.state IN ('failed', 'cancelled')
+          UNION ALL
+          SELECT 1, j.state, j.attempt, j.owner, j.lease_until, j.started_at, j.run_after, j.cancel_requested, j.result, j.error, j.error_code, j.finished_at, j.payload
+        ) AS choice ORDER BY pick LIMIT 1)
+    RETURNING id::text AS job_id, state, (xmax = 0) AS created, result`
+  return row!
+}
+
+/**
+ * Claims the oldest claimable job of the given types: queued and due, or
+ * running on an expired lease. One statement with FOR UPDATE SKIP LOCKED; the
+ * UPDATE re-checks claimability, so a renewal that lands between the scan and
+ * the claim keeps the job. A job out of attempts (or cancelled) is finished
+ * instead of claimed, and the caller claims again.
+ */
+export async function claimOne(db: Db, c: { tenant: string; workerId: string; types: JobType[] }): Promise<Claimed | undefined> {
+  const [row] = await db.sql<Claimed>`
+    WITH types AS (
+      SELECT * FROM jsonb_to_recordset(${typesJson(c.types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
+    ), candidate AS (
+      SELECT j.id, t.lease_ms, t.max_attempts FROM fg_jobs AS j JOIN types AS t ON t.name = j.type
+      WHERE j.tenant = ${c.tenant}
+        AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
+      ORDER BY CASE WHEN j.state = 'running' THEN j.lease_until ELSE j.run_after END, j.id
+      LIMIT 1
+      FOR UPDATE OF j SKIP LOCKED
+    )
+    UPDATE fg_jobs AS j SET
+      state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= c.max_attempts THEN 'failed' ELSE 'running' END,
+      error_code = CASE WHEN j.cancel_requested THEN j.error_code WHEN j.attempt >= c.max_attempts THEN 'max_attempts' ELSE j.error_code END,
+      finished_at = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN now() END,
+      owner = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE ${c.workerId} END,
+      fence = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.fence ELSE j.fence + 1 END,
+      attempt = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.attempt ELSE j.attempt + 1 END,
+      lease_until = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE now() + c.lease_ms * interval '1 millisecond' END,
+      started_at = now()
+    FROM candidate AS c
+    WHERE j.id = c.id AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
+    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state,
+              to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until`
+  return row
+}
+
+/**
+ * Renews the lease only for this owner and fence, on an unexpired lease of a
+ * running job within max_runtime. GREATEST keeps a stored lease from ever
+ * shrinking, whatever any clock did.
+ */
+export async function heartbeat(db: Db, h: Holder, types: JobType[]) {
+  const [row] = await db.sql<{ lease_until: string; cancel_requested: boolean }>`
+    UPDATE fg_jobs AS j SET lease_until = GREATEST(j.lease_until, now() + t.lease_ms * interval '1 millisecond')
+    FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
+    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
+      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' > now()
+    RETURNING to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until, j.cancel_requested`
+  return row
+}
+
+/** Fails a job whose owner kept renewing past max_runtime; true when this holder's attempt was ended. */
+export async function failOverRuntime(db: Db, h: Holder, types: JobType[]): Promise<boolean> {
+  const rows = await db.sql`
+    UPDATE fg_jobs AS j SET state = 'failed', error_code = 'max_runtime', finished_at = now(), lease_until = NULL
+    FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
+    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+      AND j.fence = ${h.fence}::bigint AND j.state = 'running'
+      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' <= now()
+    RETURNING 1`
+  return rows.length === 1
+}
+
+/** Explains why a holder's statement matched nothing (read after the fact, for the error only). */
+export async function lostReason(db: Db, h: Holder): Promise<LostReason> {
+  const [row] = await db.sql<{ state: string; owner: string | null; fence: string; live: boolean }>`
+    SELECT state, owner, fence::text, coalesce(lease_until > now(), false) AS live
+    FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}`
+  if (!row) return 'not_found'
+  if (row.state === 'cancelled') return 'cancelled'
+  if (row.state === 'succeeded' || row.state === 'failed') return 'finished'
+  if (row.fence !== h.fence || row.owner !== h.workerId) return 'superseded'
+  return 'expired'
+}
+
+/**
+ * Appends chunk `seq` under a live lease. The job row is locked first, so
+ * appends to one job are serialised; the chunk's primary key backs that up.
+ */
+export async function append(db: Db, h: Holder, seq: number, chunk: unknown) {
+  const [row] = await db.sql<{ live: boolean; inserted: boolean; same: boolean | null; cursor_length: number | null }>`
+    WITH live AS (
+      SELECT id, cursor_length FROM fg_jobs
+      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'running' AND lease_until > now() AND NOT cancel_requested
+      FOR UPDATE
+    ), inserted AS (
+      INSERT INTO fg_job_chunks (job_id, seq, chunk, fence)
+      SELECT id, ${seq}, ${JSON.stringify(chunk)}::text::jsonb, ${h.fence}::bigint FROM live WHERE cursor_length = ${seq}
+      RETURNING seq
+    ), bumped AS (
+      UPDATE fg_jobs AS j SET cursor_length = j.cursor_length + 1 FROM inserted WHERE j.id = ${h.jobId}::bigint
+      RETURNING j.cursor_length
+    )
+    SELECT EXISTS (SELECT 1 FROM live) AS live, EXISTS (SELECT 1 FROM inserted) AS inserted,
+           (SELECT c.chunk = ${JSON.stringify(chunk)}::text::jsonb FROM fg_job_chunks AS c, live
+             WHERE c.job_id = live.id AND c.seq = ${seq} AND ${seq} = live.cursor_length - 1) AS same,
+           coalesce((SELECT cursor_length FROM bumped), (SELECT cursor_length FROM live)) AS cursor_length`
+  return row!
+}
+
+/**
+ * Completes under the live lease of this fence. Completing again with the same
+ * fence and result is a no-op success; any other late or foreign completion
+ * changes nothing and is audited as result_rejected, in the same statement.
+ */
+export async function complete(db: Db, h: Holder, result: unknown, audit: { requestId: string; caller: string | null; path: string }) {
+  const resultJson = JSON.stringify(result ?? null)
+  const [row] = await db.sql<{ completed: boolean; repeated: boolean }>`
+    WITH done AS (
+      UPDATE fg_jobs SET state = 'succeeded', result = ${resultJson}::text::jsonb, lease_until = NULL, finished_at = now()
+      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'running' AND lease_until > now() AND NOT cancel_requested
+      RETURNING id
+    ), repeated AS (
+      SELECT id FROM fg_jobs
+      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'succeeded' AND result = ${resultJson}::text::jsonb
+    ), rejected AS (
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, caller, request_id)
+      SELECT ${h.tenant}, NULL, ${`job:${h.jobId}`}, 'result_rejected', ${h.fence}::bigint,
+             (SELECT fence FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}), 'POST', ${audit.path}, ${audit.caller}, ${audit.requestId}
+      WHERE NOT EXISTS (SELECT 1 FROM done) AND NOT EXISTS (SELECT 1 FROM repeated)
+      RETURNING id
+    )
+    SELECT EXISTS (SELECT 1 FROM done) AS completed, EXISTS (SELECT 1 FROM repeated) AS repeated`
+  return row!
+}
+
+/** Ends this holder's attempt: back to queued after backoff when retryable and attempts remain, else failed. */
+export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, retryable: boolean) {
+  const [row] = await db.sql<{ state: string }>`
+    UPDATE fg_jobs AS j SET
+      state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN ${retryable}::boolean AND j.attempt < t.max_attempts THEN 'queued' ELSE 'failed' END,
+      error_code = CASE WHEN j.cancel_requested THEN NULL WHEN NOT ${retryable}::boolean THEN 'not_retryable' WHEN j.attempt >= t.max_attempts THEN 'max_attempts' ELSE NULL END,
+      run_after = now() + LEAST(t.backoff_ms * power(2, j.attempt - 1)::bigint, 600000) * interval '1 millisecond',
+      finished_at = CASE WHEN j.cancel_requested OR NOT ${retryable}::boolean OR j.attempt >= t.max_attempts THEN now() END,
+      error = ${JSON.stringify(error ?? null)}::text::jsonb, owner = NULL, lease_until = NULL
+    FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
+    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
+    RETURNING j.state`
+  return row
+}
+
+/** Requests cancellation: a queued job is cancelled at once, a running one learns it at its next heartbeat. */
+export async function cancel(db: Db, tenant: string, jobId: string) {
+  const [row] = await db.sql<{ state: string }>`
+    UPDATE fg_jobs SET cancel_requested = true,
+      state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END,
+      finished_at = CASE WHEN state = 'queued' THEN now() ELSE finished_at END
+    WHERE id = ${jobId}::bigint AND tenant = ${tenant} AND state IN ('queued', 'running', 'cancelled')
+    RETURNING state`
+  return row
+}
+
+export async function getJob(db: Db, tenant: string, jobId: string): Promise<JobView | undefined> {
+  const [row] = await db.sql<JobView>`
+    SELECT id::text AS job_id, type, key, state, attempt, fence::text AS fence, owner,
+           CASE WHEN state = 'running' THEN GREATEST(0, floor(extract(epoch FROM (lease_until - now())) * 1000))::bigint::integer END AS remaining_lease_ms,
+           cancel_requested, cursor_length, result, error, error_code
+    FROM fg_jobs WHERE id = ${jobId}::bigint AND tenant = ${tenant}`
+  return row
+}
+
+export async function chunksFrom(db: Db, jobId: string, from: number): Promise<unknown[]> {
+  const rows = await db.sql<{ chunk: unknown }>`
+    SELECT chunk FROM fg_job_chunks WHERE job_id = ${jobId}::bigint AND seq >= ${from} ORDER BY seq LIMIT 1000`
+  return rows.map((r) => r.chunk)
+}
+
+/** The lease statements bound to one database. */
+export type JobStore = ReturnType<typeof createJobStore>
+
+/**
+ * Binds the lease statements to a Db (PostgreSQL or PGlite).
+ *
+ * @example
+ * const jobs = createJobStore(db)
+ * const claimed = await jobs.claimOne({ tenant: 'default', workerId: 'w1', types: config.job_types })
+ */
+export function createJobStore(db: Db) {
+  return {
+    startJob: (s: Parameters<typeof startJob>[1]) => startJob(db, s),
+    claimOne: (c: Parameters<typeof claimOne>[1]) => claimOne(db, c),
+    heartbeat: (h: Holder, types: JobType[]) => heartbeat(db, h, types),
+    failOverRuntime: (h: Holder, types: JobType[]) => failOverRuntime(db, h, types),
+    lostReason: (h: Holder) => lostReason(db, h),
+    append: (h: Holder, seq: number, chunk: unknown) => append(db, h, seq, chunk),
+    complete: (h: Holder, result: unknown, audit: Parameters<typeof complete>[3]) => complete(db, h, result, audit),
+    fail: (h: Holder, types: JobType[], error: unknown, retryable: boolean) => fail(db, h, types, error, retryable),
+    cancel: (tenant: string, jobId: string) => cancel(db, tenant, jobId),
+    getJob: (tenant: string, jobId: string) => getJob(db, tenant, jobId),
+    chunksFrom: (jobId: string, from: number) => chunksFrom(db, jobId, from),
+  }
+}

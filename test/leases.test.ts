@@ -1,0 +1,257 @@
+import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import { createJobStore } from '../src/leases/store.js'
+import { backends, type TestDb } from './helpers/backends.js'
+import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { startUpstream } from './helpers/upstream.js'
+
+const jobTypes = [
+  { name: 'report', lease: '45s', max_attempts: 3, backoff: '10s', max_runtime: '30m' },
+  { name: 'other', lease: '45s' },
+]
+
+describe.each(backends())('lease service on $name', (backend) => {
+  let t: TestDb
+  let gw: TestGateway
+
+  beforeEach(async () => {
+    t = await backend.open()
+    gw = await startTestGateway({
+      config: testConfig([route('http://127.0.0.1:9')], { job_types: jobTypes }),
+      store: t.store,
+      jobs: createJobStore(t.db),
+    })
+  })
+  afterEach(async () => {
+    await gw.close()
+    await t.close()
+  })
+
+  async function call(path: string, body?: unknown, method = 'POST') {
+    const res = await fetch(`${gw.url}/_fencegate/jobs${path}`, {
+      method, headers: { 'content-type': 'application/json' }, ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    })
+    const text = await res.text()
+    return { status: res.status, json: text ? JSON.parse(text) : undefined }
+  }
+  const start = (key: string, extra: Record<string, unknown> = {}) => call('', { type: 'report', key, payload: { month: key }, ...extra })
+  const claim = (worker: string, extra: Record<string, unknown> = {}) => call('/claim', { worker_id: worker, ...extra })
+  /** Moves a job's lease into the past on the database clock: what waiting out the lease would do. */
+  const expire = (jobId: string) => t.db.sql`UPDATE fg_jobs SET lease_until = now() - interval '1 second' WHERE id = ${jobId}::bigint`
+
+  it('starts a job once per natural key; a second start joins it, also when concurrent', async () => {
+    const first = await start('customer_health:2026-08')
+    expect([first.status, first.json.state, first.json.created]).toEqual([201, 'queued', true])
+    const again = await start('customer_health:2026-08')
+    expect([again.status, again.json.job_id, again.json.joined]).toEqual([200, first.json.job_id, true])
+    const storm = await Promise.all(Array.from({ length: 20 }, () => start('customer_health:2026-09')))
+    expect(new Set(storm.map((s) => s.json.job_id)).size).toBe(1)
+    expect(storm.filter((s) => s.status === 201)).toHaveLength(1)
+    expect((await call('', { type: 'nope', key: 'k' })).json.code).toBe('unknown_job_type')
+  })
+
+  it('claims with a new fence, skips a live lease and reclaims an expired one with a higher fence', async () => {
+    const { json: job } = await start('k1')
+    const a = await claim('w1')
+    expect(a.json).toMatchObject({ job_id: job.job_id, type: 'report', payload: { month: 'k1' }, fence: '1', attempt: 1 })
+    expect((await claim('w2')).status).toBe(204)
+    await expire(job.job_id)
+    const b = await claim('w2')
+    expect(b.json).toMatchObject({ job_id: job.job_id, fence: '2', attempt: 2 })
+    const view = await call(`/${job.job_id}`, undefined, 'GET')
+    expect(view.json).toMatchObject({ state: 'running', owner: 'w2', fence: '2', attempt: 2 })
+    expect(view.json.remaining_lease_ms).toBeGreaterThan(40_000)
+  })
+
+  it('renews only a live lease of the holder: never after expiry, even if nobody claimed the job', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    const first = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    expect(first.status).toBe(200)
+    expect(first.json.cancel_requested).toBe(false)
+    // A missed heartbeat before the deadline changes nothing: the same token renews later.
+    const second = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    expect(second.json.lease_until >= first.json.lease_until).toBe(true)
+    expect((await call(`/${job.job_id}/heartbeat`, { worker_id: 'w2', fence: c.fence })).json).toMatchObject({ code: 'lease_lost', reason: 'superseded' })
+    await expire(job.job_id)
+    const late = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    expect([late.status, late.json.code, late.json.reason]).toEqual([409, 'lease_lost', 'expired'])
+  })
+
+  it('never shortens a stored lease', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    await t.db.sql`UPDATE fg_jobs SET lease_until = now() + interval '1 hour' WHERE id = ${job.job_id}::bigint`
+    const before = (await call(`/${job.job_id}`, undefined, 'GET')).json.remaining_lease_ms
+    await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json.remaining_lease_ms).toBeGreaterThan(before - 5_000)
+  })
+
+  it('refuses a stale completion after a reclaim, audits it, and lets the new owner complete once', async () => {
+    const { json: job } = await start('k1')
+    const { json: old } = await claim('w1')
+    await expire(job.job_id)
+    const { json: current } = await claim('w2')
+    const stale = await call(`/${job.job_id}/complete`, { worker_id: 'w1', fence: old.fence, result: { pdf: 'stale' } })
+    expect([stale.status, stale.json.code]).toEqual([409, 'not_owner'])
+    const audit = await t.store.listAudit({ limit: 10, code: 'result_rejected' })
+    expect(audit).toMatchObject([{ entity: `job:${job.job_id}`, presented_fence: '1', highest_fence: '2' }])
+    expect((await call(`/${job.job_id}/complete`, { worker_id: 'w2', fence: current.fence, result: { pdf: 'fresh' } })).status).toBe(200)
+    expect((await call(`/${job.job_id}/complete`, { worker_id: 'w2', fence: current.fence, result: { pdf: 'fresh' } })).status).toBe(200)
+    expect((await call(`/${job.job_id}/complete`, { worker_id: 'w2', fence: current.fence, result: { pdf: 'other' } })).json.code).toBe('not_owner')
+    const done = await start('k1')
+    expect(done.json).toMatchObject({ state: 'succeeded', result: { pdf: 'fresh' } })
+  })
+
+  it('treats a stale fail as a no-op, and fails or requeues under the live lease', async () => {
+    const { json: job } = await start('k1')
+    const { json: old } = await claim('w1')
+    await expire(job.job_id)
+    const { json: current } = await claim('w2')
+    expect((await call(`/${job.job_id}/fail`, { worker_id: 'w1', fence: old.fence, retryable: false })).json.code).toBe('lease_lost')
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'running', owner: 'w2' })
+    const requeued = await call(`/${job.job_id}/fail`, { worker_id: 'w2', fence: current.fence, error: { msg: 'upstream 503' }, retryable: true })
+    expect(requeued.json.state).toBe('queued')
+    // Backoff: not claimable until run_after on the database clock.
+    expect((await claim('w3')).status).toBe(204)
+    await t.db.sql`UPDATE fg_jobs SET run_after = now() WHERE id = ${job.job_id}::bigint`
+    const third = await claim('w3')
+    expect(third.json).toMatchObject({ fence: '3', attempt: 3 })
+    expect((await call(`/${job.job_id}/fail`, { worker_id: 'w3', fence: third.json.fence, retryable: false })).json.state).toBe('failed')
+    expect((await start('k1')).json.code).toBe('job_finished')
+    const restarted = await start('k1', { restart: true })
+    expect([restarted.json.job_id, restarted.json.state]).toEqual([job.job_id, 'queued'])
+    expect((await claim('w4')).json).toMatchObject({ job_id: job.job_id, fence: '4', attempt: 1 })
+  })
+
+  it('delivers a cancel through the heartbeat and refuses completion after it; cancels repeat harmlessly', async () => {
+    const { json: running } = await start('k1')
+    const { json: c } = await claim('w1')
+    expect((await call(`/${running.job_id}/cancel`)).status).toBe(200)
+    expect((await call(`/${running.job_id}/cancel`)).status).toBe(200)
+    expect((await call(`/${running.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })).json.cancel_requested).toBe(true)
+    expect((await call(`/${running.job_id}/complete`, { worker_id: 'w1', fence: c.fence, result: 1 })).json.code).toBe('not_owner')
+    expect((await call(`/${running.job_id}/fail`, { worker_id: 'w1', fence: c.fence, retryable: true })).json.state).toBe('cancelled')
+    const { json: queued } = await start('k2')
+    expect((await call(`/${queued.job_id}/cancel`)).json.state).toBe('cancelled')
+    expect((await claim('w2')).status).toBe(204)
+  })
+
+  it('finishes a job out of attempts as failed without blocking the queue behind it', async () => {
+    const { json: doomed } = await start('k1')
+    for (let i = 0; i < 3; i++) {
+      expect((await claim('w')).json.job_id).toBe(doomed.job_id)
+      await expire(doomed.job_id)
+    }
+    const { json: next } = await start('k2')
+    expect((await claim('w')).json.job_id).toBe(next.job_id)
+    expect((await call(`/${doomed.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'failed', error_code: 'max_attempts', attempt: 3 })
+  })
+
+  it('reclaims every expired lease, however many there are', async () => {
+    const ids: string[] = []
+    for (let i = 0; i < 120; i++) ids.push((await start(`bulk-${i}`)).json.job_id)
+    for (let i = 0; i < 120; i++) expect((await claim('first')).status).toBe(200)
+    await t.db.sql`UPDATE fg_jobs SET lease_until = now() - interval '1 second'`
+    const reclaimed = new Set<string>()
+    for (let i = 0; i < 120; i++) reclaimed.add((await claim('second')).json.job_id)
+    expect([...reclaimed].sort()).toEqual([...ids].sort())
+    expect((await claim('second')).status).toBe(204)
+  })
+
+  it('appends output in sequence: retries are no-ops, gaps and rewrites conflict', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    const h = { worker_id: 'w1', fence: c.fence }
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 0, chunk: 'a' })).json.cursor_length).toBe(1)
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 0, chunk: 'a' })).status).toBe(200)
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 0, chunk: 'b' })).json.code).toBe('sequence_conflict')
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 2, chunk: 'c' })).json.code).toBe('sequence_conflict')
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 1, chunk: { row: 2 } })).json.cursor_length).toBe(2)
+    const read = await call(`/${job.job_id}?from=1`, undefined, 'GET')
+    expect([read.json.cursor_length, read.json.chunks]).toEqual([2, [{ row: 2 }]])
+    await expire(job.job_id)
+    expect((await call(`/${job.job_id}/append`, { ...h, seq: 2, chunk: 'late' })).json.code).toBe('lease_lost')
+  })
+
+  it('fails a job renewed past max_runtime', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    await t.db.sql`UPDATE fg_jobs SET started_at = now() - interval '31 minutes' WHERE id = ${job.job_id}::bigint`
+    const hb = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    expect([hb.status, hb.json.reason]).toEqual([409, 'max_runtime'])
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'failed', error_code: 'max_runtime' })
+  })
+
+  it('a fence: lease route forwards only the current token of a live lease', async () => {
+    const upstream = await startUpstream()
+    const leaseGw = await startTestGateway({
+      config: testConfig([route(upstream.url, { name: 'render', path: '/reports/:id', fence: 'lease', entity: 'job:{header.X-Job-Id}' })], { job_types: jobTypes }),
+      store: t.store,
+      jobs: createJobStore(t.db),
+    })
+    try {
+      const { json: job } = await start('k1')
+      const { json: c } = await claim('w1')
+      const send = (fence: string, jobId = job.job_id) => post(`${leaseGw.url}/reports/1`, fence, { headers: { 'x-job-id': jobId } })
+      expect((await send(c.fence)).status).toBe(200)
+      expect((await send('7')).json.code).toBe('lease_expired')
+      expect((await send(c.fence, 'not-a-job')).json.code).toBe('lease_expired')
+      expect((await post(`${leaseGw.url}/reports/1`, c.fence)).json.code).toBe('entity_unresolved')
+      await expire(job.job_id)
+      // Expired: refused before anyone else claims the job.
+      const late = await send(c.fence)
+      expect([late.status, late.json.code]).toEqual([409, 'lease_expired'])
+      const { json: next } = await claim('w2')
+      expect((await send(c.fence)).json.code).toBe('lease_expired')
+      expect((await send(next.fence)).status).toBe(200)
+      expect(upstream.received.map((r) => r.headers['x-execution-fence'])).toEqual(['1', '2'])
+      expect(await t.store.listAudit({ limit: 10, code: 'lease_expired' })).toHaveLength(4)
+    } finally {
+      await leaseGw.close()
+      await upstream.close()
+    }
+  })
+
+  it('20 workers over 500 jobs: every job completes exactly once and none ever has two live owners', async () => {
+    const ids = new Set<string>()
+    for (let i = 0; i < 500; i++) ids.add((await start(`many-${i}`)).json.job_id)
+    const claims = new Map<string, string[]>()
+    const completions = new Map<string, number>()
+    await Promise.all(Array.from({ length: 20 }, async (_, w) => {
+      for (let i = 0; i < 1000; i++) {
+        const got = await claim(`w${w}`)
+        if (got.status === 204) return
+        claims.set(got.json.job_id, [...(claims.get(got.json.job_id) ?? []), `w${w}`])
+        const done = await call(`/${got.json.job_id}/complete`, { worker_id: `w${w}`, fence: got.json.fence, result: w })
+        if (done.status === 200) completions.set(got.json.job_id, (completions.get(got.json.job_id) ?? 0) + 1)
+      }
+    }))
+    expect(new Set(claims.keys())).toEqual(ids)
+    for (const [, owners] of claims) expect(owners).toHaveLength(1)
+    for (const id of ids) expect(completions.get(id)).toBe(1)
+  })
+})
+
+const postgresBackend = backends().find((b) => b.name === 'postgres')
+
+describe.skipIf(!postgresBackend)('claims racing a renewal, on PostgreSQL', () => {
+  it('a renewal that holds the row while a claim scans keeps the job', async () => {
+    const t = await postgresBackend!.open()
+    const jobs = createJobStore(t.db)
+    const types = testConfig([route('http://127.0.0.1:9')], { job_types: jobTypes }).job_types
+    try {
+      const { job_id } = await jobs.startJob({ tenant: 'default', type: 'report', key: 'race', payload: null, restart: false })
+      const first = await jobs.claimOne({ tenant: 'default', workerId: 'w1', types })
+      await t.db.sql`UPDATE fg_jobs SET lease_until = now() - interval '1 second' WHERE id = ${job_id}::bigint`
+      // The owner's renewal is in flight (row locked, lease extended, not yet committed) while another worker claims.
+      await t.db.begin(async (tx) => {
+        await tx.sql`UPDATE fg_jobs SET lease_until = now() + interval '45 seconds' WHERE id = ${job_id}::bigint AND owner = 'w1' AND fence = ${first!.fence}::bigint`
+        expect(await jobs.claimOne({ tenant: 'default', workerId: 'w2', types })).toBeUndefined()
+      })
+      expect(await jobs.claimOne({ tenant: 'default', workerId: 'w2', types })).toBeUndefined()
+      expect(await jobs.getJob('default', job_id)).toMatchObject({ owner: 'w1', fence: '1', state: 'running' })
+    } finally {
+      await t.close()
+    }
+  })
+})
