@@ -117,7 +117,10 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const identity = await authenticate(c.req.raw)
     const h = holder(identity, jobIdOf(c.req.param('id')), await json(c.req.raw, holderBody.strict()))
     const renewed = await jobs.heartbeat(h, config.job_types)
-    if (renewed) return c.json(renewed)
+    if (renewed) {
+      log.debug('heartbeat_ok', { job_id: h.jobId, fence: h.fence })
+      return c.json(renewed)
+    }
     if (await jobs.failOverRuntime(h, config.job_types)) {
       throw new FencegateError('lease_lost', 'the job ran past max_runtime and was failed', { reason: 'max_runtime' })
     }
