@@ -1,6 +1,7 @@
 import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey, type KeyObject } from 'jose'
 import type { AuthConfig } from './config/schema.js'
 import { FencegateError } from './problems.js'
+import { isStorableText } from './route.js'
 
 /** Who sent a request: the tenant scopes every fence, key and audit row. */
 export interface Identity {
@@ -52,10 +53,14 @@ export async function createAuthenticator(auth: AuthConfig, keys: VerificationKe
       throw unauthenticated(describeJoseError(err), true)
     }
     const tenant = payload[auth.tenant_claim]
-    if (typeof tenant !== 'string' || tenant.length === 0 || tenant.length > maxTenantLength) {
+    if (typeof tenant !== 'string' || tenant.length === 0 || tenant.length > maxTenantLength || !isStorableText(tenant)) {
       throw new FencegateError('tenant_missing', `the token has no usable ${auth.tenant_claim} claim (a string of 1-${maxTenantLength} characters)`)
     }
     const scope = payload.scope
+    // The subject is written to audit rows as the caller; text the store cannot hold makes the token unusable.
+    if (payload.sub !== undefined && (typeof payload.sub !== 'string' || !isStorableText(payload.sub))) {
+      throw unauthenticated("the token's sub claim is not accepted", true)
+    }
     return {
       tenant,
       caller: typeof payload.sub === 'string' ? payload.sub.slice(0, 256) : null,

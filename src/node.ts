@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from './admin.js'
-import { createApp } from './app.js'
+import { createApp, requestIdOf } from './app.js'
 import type { AuthConfig, Config } from './config/schema.js'
 import { createAuthenticator, type VerificationKeys } from './identity.js'
 import { createJobStore } from './leases/store.js'
@@ -95,7 +95,7 @@ type Fetch = (request: Request, env: { incoming?: IncomingMessage }) => Response
 
 /** Checks the raw request target before the URL parser normalises it away. */
 export function guarded(fetch: (request: Request, env: never) => Response | Promise<Response>): Fetch {
-  return (request, env) => unsafeTarget(env.incoming?.url) ?? fetch(request, env as never)
+  return (request, env) => unsafeTarget(env.incoming?.url, requestIdOf(request)) ?? fetch(request, env as never)
 }
 
 /** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */

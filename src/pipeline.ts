@@ -198,9 +198,12 @@ export function createPipeline(deps: PipelineDeps) {
     // The caller's credentials are for fencegate; the upstream gets the route's own unless told otherwise.
     if (!route.config.forward_authorization) headers.delete('authorization')
     for (const [name, value] of Object.entries(route.config.upstream_headers)) headers.set(name, value)
-    // Re-set after filtering: a client naming it in `Connection` must not hide the fence from the upstream.
-    const fence = request.headers.get(fenceHeader)
-    if (fence !== null) headers.set(fenceHeader, fence)
+    // Re-set after filtering: a client naming them in `Connection` must not hide from the upstream
+    // the fence, or a header the entity or the claimed tenant was read from.
+    for (const name of [fenceHeader, ...route.decisionHeaders]) {
+      const value = request.headers.get(name)
+      if (value !== null) headers.set(name, value)
+    }
     try {
       return await forward({ route: route.config, target: url.pathname + url.search, method: request.method, headers, body })
     } catch (err) {

@@ -60,6 +60,8 @@ export interface Route {
   config: RouteConfig
   pattern: PathPattern
   entity: EntityTemplate | undefined
+  /** Headers the fence decision reads (entity sources, claimed tenant): always forwarded as read. */
+  decisionHeaders: string[]
 }
 
 export function compileRoute(config: RouteConfig): Route {
@@ -67,7 +69,9 @@ export function compileRoute(config: RouteConfig): Route {
   const entity = config.entity === undefined ? undefined : compileEntityTemplate(config.entity)
   const missing = entity?.params.find((p) => !pattern.params.includes(p))
   if (missing) throw new Error(`route ${config.name}: entity uses params.${missing}, which ${config.path} does not define`)
-  return { config, pattern, entity }
+  const decisionHeaders = (entity?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
+  if (config.claimed_tenant?.startsWith('header.')) decisionHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
+  return { config, pattern, entity, decisionHeaders }
 }
 
 export interface RouteMatch { route: Route; params: Record<string, string> }
@@ -115,6 +119,15 @@ function matchSegments(pattern: Segment[], segments: string[]): Record<string, s
   return params
 }
 
+/**
+ * Text PostgreSQL stores as given: no control characters (it refuses NUL), no
+ * lone surrogates and no U+FFFD (both stand for bytes that were not valid
+ * UTF-8, so two different inputs would collapse into one entity and one fence).
+ */
+export function isStorableText(text: string): boolean {
+  return text.isWellFormed() && !/[\u0000-\u001f\u007f\ufffd]/.test(text)
+}
+
 /** What an entity template may read from a request. */
 export interface EntitySources {
   params: Record<string, string>
@@ -144,6 +157,7 @@ export function resolveEntity(template: EntityTemplate, sources: EntitySources):
     entity += value
   }
   if (entity.length > maxEntityLength) throw new FencegateError('entity_unresolved', `the entity is longer than ${maxEntityLength} characters`)
+  if (!isStorableText(entity)) throw new FencegateError('entity_unresolved', 'the entity contains control characters or invalid Unicode')
   return entity
 }
 

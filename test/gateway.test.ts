@@ -147,6 +147,20 @@ describe.each(backends())('gateway on $name', (backend) => {
     expect(await audit('code=entity_unresolved')).toHaveLength(4)
   })
 
+  it('answers 400, not 503, for an entity with NUL (regression: PostgreSQL refused it)', async () => {
+    await start([route(upstream.url)])
+    const res = await post(`${gw.url}/payments/%00/capture`, '1')
+    expect([res.status, res.json.code]).toEqual([400, 'entity_unresolved'])
+    expect(await audit('code=entity_unresolved')).toHaveLength(1)
+  })
+
+  it('forwards a header the entity was read from even when Connection names it (regression)', async () => {
+    await start([route(upstream.url, { name: 'h', path: '/h', entity: 'acct:{header.X-Account}' })])
+    const res = await rawPost(`${gw.url}/h`, { 'x-execution-fence': '1', 'x-account': 'A-1', connection: 'x-account' })
+    expect(res.status).toBe(200)
+    expect(upstream.received[0]!.headers['x-account']).toBe('A-1')
+  })
+
   it('answers 404 no_route for anything not configured, including traversal out of a route', async () => {
     await start([route(upstream.url)])
     for (const path of ['/', '/payments/1', '/payments/1/capture/x', '/payments/../admin', '/payments/1/%2e%2e/capture', '//evil.example/payments/1/capture']) {

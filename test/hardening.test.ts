@@ -64,6 +64,11 @@ describe('the configured upstream is the only destination', () => {
     }
   })
 
+  it("keeps the client's X-Request-Id on a refused target", async () => {
+    const res = await raw(gw.url, postTo('/payments/../admin', 'x-request-id: mine-1\r\n'))
+    expect(JSON.parse(res.body).request_id).toBe('mine-1')
+  })
+
   it('ignores Host games: the upstream is reached at its own address', async () => {
     const res = await raw(gw.url, postTo('/payments/1/capture', 'x-forwarded-host: evil.example\r\n'))
     expect(res.status).toBe(200)

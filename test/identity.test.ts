@@ -65,6 +65,13 @@ describe.each(backends())('identity and tenants on $name', (backend) => {
     expect([res.status, res.json.code]).toEqual([403, 'tenant_missing'])
   })
 
+  it('refuses a tenant or subject the store could not hold (regression: NUL gave 503)', async () => {
+    await start([route(upstream.url)])
+    expect((await post(capture(), '1', { headers: await bearer({ tenant_id: 'a\u0000b' }) })).json.code).toBe('tenant_missing')
+    expect((await post(capture(), '1', { headers: await bearer({ sub: 'w\u0000' }) })).json.code).toBe('unauthenticated')
+    expect(upstream.received).toHaveLength(0)
+  })
+
   it("keeps tenants apart: B's fence never blocks A, and B never gets A's replay", async () => {
     await start([route(upstream.url, { idempotency: 'optional' })])
     expect((await post(capture(), '10', { headers: await bearer({ tenant_id: 'a' }) })).status).toBe(200)

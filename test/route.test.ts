@@ -440,3 +440,16 @@ describe('resolveEntity', () => {
     expect(s.jsonCalls()).toBe(0)
   })
 })
+
+describe('regressions: entities the store could not hold as given', () => {
+  it.each([
+    ['NUL (PostgreSQL refused it: 503 instead of 400)', 'a\u0000b'],
+    ['a control character', 'a\u0007b'],
+    ['U+FFFD from invalid UTF-8 (two inputs would share one fence)', 'a\ufffd'],
+    ['a lone surrogate', 'a\ud800'],
+  ])('%s is entity_unresolved', (_name, value) => {
+    expect(() => resolveEntity(compileEntityTemplate('x:{params.id}'), {
+      params: { id: value }, query: new URLSearchParams(), headers: new Headers(), json: () => undefined,
+    })).toThrow(expect.objectContaining({ code: 'entity_unresolved' }))
+  })
+})
