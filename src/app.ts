@@ -8,6 +8,7 @@ import { silentLogger, type Logger } from './log.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
 import { createRouter } from './route.js'
+import { StoreError } from './store/db.js'
 import type { Store } from './store/store.js'
 
 /** What the data plane is built from; every part is injected so each runtime wires its own. */
@@ -50,6 +51,15 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
   })
   if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log }))
   app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
-  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId')))
+  // The pipeline renders its own failures; this also covers the job API.
+  app.onError((err, c) => {
+    if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
+    if (err instanceof StoreError) {
+      log.error('store_failed', { request_id: c.get('requestId'), store_code: err.sqlstate ?? err.driverCode ?? 'unknown' })
+      return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), c.get('requestId'))
+    }
+    log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })
+    return problemResponse(new FencegateError('internal_error'), c.get('requestId'))
+  })
   return app
 }

@@ -9,7 +9,7 @@ import { logged, settleResponse, waitForOutcome } from './outcome.js'
 import { FencegateError } from './problems.js'
 import { resolveEntity, type Route, type Router } from './route.js'
 import { StoreError } from './store/db.js'
-import type { Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
+import type { Command, Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
 
 export interface PipelineDeps {
   config: Config
@@ -83,12 +83,12 @@ export function createPipeline(deps: PipelineDeps) {
       if (checked) {
         const claim = await audited(trace, () => parseCommand(request, url, params, body as Uint8Array, trace))
         if (trace.fence !== undefined || claim) {
-          const reservation = await store.reserve({
+          const command: Command = {
             tenant: trace.identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
             method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
             caller: trace.identity.caller, requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
-          })
-          const early = await answerReservation(reservation, claim, trace)
+          }
+          const early = await answerReservation(await store.reserve(command), command, trace)
           if (early) {
             logDecision(trace, 'replayed', early.status, started)
             return early
@@ -144,7 +144,7 @@ export function createPipeline(deps: PipelineDeps) {
   }
 
   /** Turns the store's decision into an answer, or undefined when the request may go upstream. */
-  async function answerReservation(r: Reservation, claim: IdempotencyClaim | null, trace: Trace): Promise<Response | undefined> {
+  async function answerReservation(r: Reservation, command: Command, trace: Trace): Promise<Response | undefined> {
     switch (r.kind) {
       case 'proceed': return undefined
       case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
@@ -156,20 +156,13 @@ export function createPipeline(deps: PipelineDeps) {
       case 'in_progress': {
         const rc = trace.route!.config
         if (rc.idempotency_wait > 0) {
-          const settled = await waitForOutcome(store, trace.identity!.tenant, claim!.key, rc.idempotency_wait)
-          if (settled) return answerReservation(await store.reserve(retryCommand(trace, claim!)), claim, trace)
+          // The same command again: fence, lease and key are all decided anew.
+          const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, rc.idempotency_wait)
+          if (settled) return answerReservation(await store.reserve(command), command, trace)
         }
         const seconds = Math.max(1, Math.ceil(r.retryAfterMs / 1000))
         throw new FencegateError('request_in_progress', 'the original request is still being processed; retry later', {}, { 'retry-after': String(seconds) })
       }
-    }
-  }
-
-  function retryCommand(trace: Trace, claim: IdempotencyClaim) {
-    return {
-      tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
-      method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
-      caller: trace.identity!.caller, requestId: trace.requestId, idempotency: claim,
     }
   }
 

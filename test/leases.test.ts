@@ -182,6 +182,23 @@ describe.each(backends())('lease service on $name', (backend) => {
     expect((await call(`/${job.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'failed', error_code: 'max_runtime' })
   })
 
+  it('regressions: restart clears output, a pending cancel is the reason, bad text is a 400, no audit for a missing job', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    await call(`/${job.job_id}/append`, { worker_id: 'w1', fence: c.fence, seq: 0, chunk: 'old' })
+    await call(`/${job.job_id}/fail`, { worker_id: 'w1', fence: c.fence, retryable: false })
+    await start('k1', { restart: true })
+    const { json: again } = await claim('w2')
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json.cursor_length).toBe(0)
+    expect((await call(`/${job.job_id}/append`, { worker_id: 'w2', fence: again.fence, seq: 0, chunk: 'new' })).status).toBe(200)
+    await call(`/${job.job_id}/cancel`)
+    expect((await call(`/${job.job_id}/append`, { worker_id: 'w2', fence: again.fence, seq: 1, chunk: 'x' })).json.reason).toBe('cancelled')
+    expect((await call('', { type: 'report', key: 'a\u0000b' })).json.code).toBe('invalid_request')
+    expect((await call('', { type: 'report', key: 'k9', payload: { s: '\u0000' } })).json.code).toBe('invalid_request')
+    expect((await call('/777777/complete', { worker_id: 'w', fence: '1', result: 1 })).json.code).toBe('job_not_found')
+    expect(await t.store.listAudit({ limit: 10, code: 'result_rejected' })).toEqual([])
+  })
+
   it('a fence: lease route forwards only the current token of a live lease', async () => {
     const upstream = await startUpstream()
     const leaseGw = await startTestGateway({

@@ -122,7 +122,7 @@ export const authSchema = z.object({
 export const jobTypeSchema = z.object({
   name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/, 'expected 1-64 letters, digits, _ . : -'),
   lease: duration.pipe(z.number().min(1000, 'must be at least 1s').max(86_400_000, 'must be at most 24h')),
-  max_attempts: z.number().int().min(1).max(1000).default(5),
+  max_attempts: integer(1, 1000).default(5),
   backoff: duration.pipe(z.number().max(600_000, 'must be at most 10m')).default(10_000),
   max_runtime: duration.pipe(z.number().min(1000).max(7 * 86_400_000, 'must be at most 7d')).default(1_800_000),
 }).strict().superRefine((j, ctx) => {

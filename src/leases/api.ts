@@ -20,6 +20,13 @@ const failBody = holderBody.extend({ error: z.unknown().optional(), retryable: z
 
 type Env = { Variables: { requestId: string } }
 
+function isStorableJson(value: unknown): boolean {
+  if (typeof value === 'string') return value.isWellFormed() && !value.includes('\u0000')
+  if (Array.isArray(value)) return value.every(isStorableJson)
+  if (value && typeof value === 'object') return Object.entries(value).every(([k, v]) => isStorableJson(k) && isStorableJson(v))
+  return true
+}
+
 /**
  * The lease service: jobs that only one live owner may run, renew and finish.
  * Every decision is one statement on the database clock (src/leases/store.ts);
@@ -41,6 +48,8 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     } catch {
       throw new FencegateError('invalid_request', 'the body must be JSON')
     }
+    // PostgreSQL's text and jsonb refuse NUL and lone surrogates: a client mistake, not a store failure.
+    if (!isStorableJson(value)) throw new FencegateError('invalid_request', 'the body contains control characters or invalid Unicode in a string')
     const parsed = schema.safeParse(value)
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!

@@ -51,19 +51,26 @@ const typesJson = (types: JobType[]) => JSON.stringify(types.map((t) => ({
  */
 export async function startJob(db: Db, s: { tenant: string; type: string; key: string; payload: unknown; restart: boolean }) {
   const [row] = await db.sql<{ job_id: string; state: JobView['state']; created: boolean; result: unknown }>`
+    WITH started AS (
     INSERT INTO fg_jobs AS j (tenant, type, key, payload, state)
     VALUES (${s.tenant}, ${s.type}, ${s.key}, ${JSON.stringify(s.payload ?? null)}::text::jsonb, 'queued')
     ON CONFLICT (tenant, type, key) DO UPDATE SET
-      (state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload) = (
-        SELECT state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload FROM (
+      (state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload, cursor_length) = (
+        SELECT state, attempt, owner, lease_until, started_at, run_after, cancel_requested, result, error, error_code, finished_at, payload, cursor_length FROM (
           SELECT 0 AS pick, 'queued' AS state, 0 AS attempt, NULL::text AS owner, NULL::timestamptz AS lease_until, NULL::timestamptz AS started_at,
                  now() AS run_after, false AS cancel_requested, NULL::jsonb AS result, NULL::jsonb AS error, NULL::text AS error_code,
-                 NULL::timestamptz AS finished_at, EXCLUDED.payload AS payload
+                 NULL::timestamptz AS finished_at, EXCLUDED.payload AS payload, 0 AS cursor_length
           WHERE ${s.restart}::boolean AND j.state IN ('failed', 'cancelled')
           UNION ALL
-          SELECT 1, j.state, j.attempt, j.owner, j.lease_until, j.started_at, j.run_after, j.cancel_requested, j.result, j.error, j.error_code, j.finished_at, j.payload
+          SELECT 1, j.state, j.attempt, j.owner, j.lease_until, j.started_at, j.run_after, j.cancel_requested, j.result, j.error, j.error_code, j.finished_at, j.payload, j.cursor_length
         ) AS choice ORDER BY pick LIMIT 1)
-    RETURNING id::text AS job_id, state, (xmax = 0) AS created, result`
+    RETURNING id, state, (xmax = 0) AS created, result, attempt, cursor_length
+    ), cleared AS (
+      -- A restarted cycle (attempt and cursor back to 0) starts with no output; a never-run job has none to clear.
+      DELETE FROM fg_job_chunks AS c USING started AS s
+      WHERE c.job_id = s.id AND ${s.restart}::boolean AND s.state = 'queued' AND s.attempt = 0 AND s.cursor_length = 0
+    )
+    SELECT id::text AS job_id, state, created, result FROM started`
   return row!
 }
 
@@ -132,11 +139,11 @@ export async function failOverRuntime(db: Db, h: Holder, types: JobType[]): Prom
 
 /** Explains why a holder's statement matched nothing (read after the fact, for the error only). */
 export async function lostReason(db: Db, h: Holder): Promise<LostReason> {
-  const [row] = await db.sql<{ state: string; owner: string | null; fence: string; live: boolean }>`
-    SELECT state, owner, fence::text, coalesce(lease_until > now(), false) AS live
+  const [row] = await db.sql<{ state: string; owner: string | null; fence: string; live: boolean; cancel_requested: boolean }>`
+    SELECT state, owner, fence::text, coalesce(lease_until > now(), false) AS live, cancel_requested
     FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}`
   if (!row) return 'not_found'
-  if (row.state === 'cancelled') return 'cancelled'
+  if (row.state === 'cancelled' || (row.cancel_requested && row.state === 'running')) return 'cancelled'
   if (row.state === 'succeeded' || row.state === 'failed') return 'finished'
   if (row.fence !== h.fence || row.owner !== h.workerId) return 'superseded'
   return 'expired'
@@ -190,6 +197,7 @@ export async function complete(db: Db, h: Holder, result: unknown, audit: { requ
       SELECT ${h.tenant}, NULL, ${`job:${h.jobId}`}, 'result_rejected', ${h.fence}::bigint,
              (SELECT fence FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}), 'POST', ${audit.path}, ${audit.caller}, ${audit.requestId}
       WHERE NOT EXISTS (SELECT 1 FROM done) AND NOT EXISTS (SELECT 1 FROM repeated)
+        AND EXISTS (SELECT 1 FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant})
       RETURNING id
     )
     SELECT EXISTS (SELECT 1 FROM done) AS completed, EXISTS (SELECT 1 FROM repeated) AS repeated`
