@@ -34,7 +34,8 @@ function tenantFor(identity: Identity, requested: string | undefined, auditOnly:
 
 /**
  * Builds the admin-plane Hono app: health, the audit trail and entity state.
- * It has no authentication of its own yet, so it must listen on loopback only.
+ * With `auth.mode: jwt` every endpoint but /health needs a token with an admin scope;
+ * without auth the configuration only lets it listen on loopback.
  *
  * @example
  * const admin = createAdminApp({ store })

@@ -1,4 +1,4 @@
-import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey, type KeyObject } from 'jose'
+import { createLocalJWKSet, createRemoteJWKSet, errors, exportJWK, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey } from 'jose'
 import type { AuthConfig } from './config/schema.js'
 import { FencegateError } from './problems.js'
 import { isStorableText } from './route.js'
@@ -43,12 +43,29 @@ const maxTenantLength = 128
 export async function createAuthenticator(auth: AuthConfig, keys: VerificationKeys): Promise<Authenticate> {
   if (auth.mode === 'none') return noAuthentication
   const { key, algorithms } = await verificationKey(keys)
-  const options = { issuer: auth.issuer!, audience: auth.audience!, algorithms, clockTolerance: Math.ceil(auth.clock_tolerance / 1000) }
+  // A token without exp would be valid forever: require it.
+  const options = { issuer: auth.issuer!, audience: auth.audience!, algorithms, clockTolerance: Math.ceil(auth.clock_tolerance / 1000), requiredClaims: ['exp'] }
+  const verify = async (token: string) => {
+    try {
+      return await (typeof key === 'function' ? jwtVerify(token, key, options) : jwtVerify(token, key, options))
+    } catch (err) {
+      if (!(err instanceof errors.JWKSMultipleMatchingKeys)) throw err
+      // Several keys fit the token's algorithm (a rotation): the token is valid if one of them verifies it.
+      for await (const candidate of err as errors.JWKSMultipleMatchingKeys & AsyncIterable<CryptoKey>) {
+        try {
+          return await jwtVerify(token, candidate, options)
+        } catch (inner) {
+          if (!(inner instanceof errors.JWSSignatureVerificationFailed)) throw inner
+        }
+      }
+      throw new errors.JWSSignatureVerificationFailed()
+    }
+  }
   return async (request) => {
     const token = bearerToken(request.headers.get('authorization'))
     let payload
     try {
-      ;({ payload } = await (typeof key === 'function' ? jwtVerify(token, key, options) : jwtVerify(token, key, options)))
+      ;({ payload } = await verify(token))
     } catch (err) {
       throw unauthenticated(describeJoseError(err), true)
     }
@@ -77,13 +94,14 @@ async function verificationKey(keys: VerificationKeys): Promise<{ key: Uint8Arra
       // jose caches the set and refetches at most once per cooldown on an unknown kid.
       return { key: createRemoteJWKSet(new URL(keys.url), { cooldownDuration: 30_000, cacheMaxAge: 600_000 }), algorithms: asymmetric }
     case 'public': {
-      const imported = await Promise.all(keys.keys.map(async (k) => ({ alg: k.alg, key: await importSPKI(k.pem, k.alg) })))
-      const byAlg: JWTVerifyGetKey = (header) => {
-        const match = imported.find((k) => k.alg === header.alg)
-        if (!match) throw new errors.JOSEAlgNotAllowed('unexpected algorithm')
-        return match.key as CryptoKey | KeyObject
-      }
-      return { key: byAlg, algorithms: [...new Set(imported.map((k) => k.alg))] }
+      // A local key set lets jose try every key of the token's algorithm (key rotation), or the one its kid names.
+      const jwks = await Promise.all(keys.keys.map(async (k, i) => ({
+        ...(await exportJWK(await importSPKI(k.pem, k.alg, { extractable: true }))), alg: k.alg, kid: `public_keys[${i}]`,
+      })))
+      const local = createLocalJWKSet({ keys: jwks })
+      // Configured keys carry no kid of the issuer's, so a token's kid must not rule them out.
+      const byAlg: JWTVerifyGetKey = (header) => local({ ...header, kid: undefined })
+      return { key: byAlg, algorithms: [...new Set(keys.keys.map((k) => k.alg))] }
     }
   }
 }

@@ -53,10 +53,11 @@ export interface RunningGateway {
 export async function startGateway(options: { config: Config; databaseUrl?: string; log?: Logger }): Promise<RunningGateway> {
   const { config } = options
   const log = options.log ?? createLogger(config.log.level)
+  // Key material first: a bad key file must fail before the store (and its lock) is opened.
+  const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const db = await openDb(options.databaseUrl, config.store.data_dir)
   const store = createStore(db)
   const upstream = createUndiciForward()
-  const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: createJobStore(db), log })
   const admin = createAdminApp({ store, authenticate })
   let data: ServerType | undefined

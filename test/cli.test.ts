@@ -6,6 +6,7 @@ import { openDb } from '../src/node.js'
 import { createStore } from '../src/store/store.js'
 import { post } from './helpers/gateway.js'
 import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { jwtAuth, token } from './helpers/tokens.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const tempDir = () => mkdtempSync(join(tmpdir(), 'fencegate-cli-'))
@@ -121,6 +122,28 @@ describe('fencegate CLI', () => {
       expect(direct.code).toBe(1)
       expect(direct.stderr).toContain('in use by process')
     })
+  })
+})
+
+describe('fencegate audit against a JWT-protected admin plane', () => {
+  it('sends --token (or FENCEGATE_TOKEN) as a bearer token', async () => {
+    const upstream = await startUpstream()
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0 },
+      store: { data_dir: tempDir() },
+      auth: jwtAuth,
+      routes: [{ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url, entity: 'invoice:{params.id}' }],
+    })
+    const gateway = await startGatewayProcess(['--config', config])
+    try {
+      const admin = await token({ scope: 'fencegate:admin' })
+      expect((await runCli(['audit', '--admin-url', gateway.adminUrl, '--json'])).code).toBe(2)
+      expect((await runCli(['audit', '--admin-url', gateway.adminUrl, '--json', '--token', admin])).code).toBe(0)
+      expect((await runCli(['audit', '--admin-url', gateway.adminUrl, '--json'], { FENCEGATE_TOKEN: admin })).code).toBe(0)
+    } finally {
+      await gateway.stop()
+      await upstream.close()
+    }
   })
 })
 

@@ -83,6 +83,16 @@ describe('the configured upstream is the only destination', () => {
     expect(upstream.received.length).toBe(before)
   })
 
+  it('applies server.max_header_bytes, below Node\'s own default', async () => {
+    const small = await startTestGateway({ config: testConfig([route(upstream.url)], { server: { max_header_bytes: 4096 } }), store: t.store })
+    try {
+      expect((await raw(small.url, postTo('/payments/9/capture', `x-mid: ${'a'.repeat(6000)}\r\n`))).status).toBe(431)
+      expect((await raw(gw.url, postTo('/payments/9/capture', `x-mid: ${'a'.repeat(6000)}\r\n`))).status).toBe(200)
+    } finally {
+      await small.close()
+    }
+  })
+
   it('refuses an entity longer than 512 characters', async () => {
     const res = await post(`${gw.url}/payments/${'x'.repeat(600)}/capture`, '1')
     expect([res.status, res.json.code]).toEqual([400, 'entity_unresolved'])

@@ -152,6 +152,32 @@ describe('asymmetric keys', () => {
     await expect(authenticate(new Request('http://x/', { headers: { authorization: `Bearer ${confused}` } }))).rejects.toMatchObject({ code: 'unauthenticated' })
   })
 
+  it('accepts a token signed by any configured key of its algorithm, whatever its kid (key rotation)', async () => {
+    const pairs = await Promise.all([1, 2].map(() => generateKeyPair('ES256', { extractable: true })))
+    const keys = await Promise.all(pairs.map(async (p) => ({ pem: await exportSPKI(p.publicKey), alg: 'ES256' })))
+    const auth = authSchema.parse({ mode: 'jwt', issuer, audience, public_keys: [{ file: 'a.pem', alg: 'ES256' }, { file: 'b.pem', alg: 'ES256' }] })
+    const authenticate = await createAuthenticator(auth, { kind: 'public', keys })
+    for (const [i, p] of pairs.entries()) {
+      const jwt = await new SignJWT({ tenant_id: `t${i}` }).setProtectedHeader({ alg: 'ES256', kid: `issuer-key-${i}` }).setIssuer(issuer).setAudience(audience).setExpirationTime('1m').sign(p.privateKey)
+      expect((await authenticate(new Request('http://x/', { headers: { authorization: `Bearer ${jwt}` } }))).tenant).toBe(`t${i}`)
+    }
+    const stranger = await generateKeyPair('ES256')
+    const forged = await new SignJWT({ tenant_id: 't' }).setProtectedHeader({ alg: 'ES256' }).setIssuer(issuer).setAudience(audience).setExpirationTime('1m').sign(stranger.privateKey)
+    await expect(authenticate(new Request('http://x/', { headers: { authorization: `Bearer ${forged}` } }))).rejects.toMatchObject({ code: 'unauthenticated' })
+  })
+
+  it('requires exp and honours nbf with the clock tolerance', async () => {
+    const authenticate = await hmacAuthenticator()
+    const key = new TextEncoder().encode(secret)
+    const base = () => new SignJWT({ tenant_id: 't' }).setProtectedHeader({ alg: 'HS256' }).setIssuer(issuer).setAudience(audience)
+    const check = async (jwt: string) => authenticate(new Request('http://x/', { headers: { authorization: `Bearer ${jwt}` } }))
+    await expect(check(await base().sign(key))).rejects.toMatchObject({ code: 'unauthenticated' })
+    const now = Math.floor(Date.now() / 1000)
+    await expect(check(await base().setExpirationTime('1m').setNotBefore(now + 60).sign(key))).rejects.toMatchObject({ code: 'unauthenticated' })
+    // Default clock_tolerance is 5s: a token that becomes valid in 2s is accepted.
+    expect((await check(await base().setExpirationTime('1m').setNotBefore(now + 2).sign(key))).tenant).toBe('t')
+  })
+
   it('fetches keys from jwks_url through jose and caches them', async () => {
     const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true })
     const jwk = { ...(await exportJWK(publicKey)), kid: 'k1', alg: 'ES256' }

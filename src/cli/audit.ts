@@ -16,7 +16,8 @@ export async function runAudit(flags: Flags): Promise<number> {
     const v = stringFlag(flags, f)
     if (v !== undefined) params.set(f, v)
   }
-  const page = stringFlag(flags, 'admin-url') ? await fromAdmin(stringFlag(flags, 'admin-url')!, params) : await fromDatabase(flags, params)
+  const adminUrl = stringFlag(flags, 'admin-url')
+  const page = adminUrl ? await fromAdmin(adminUrl, params, stringFlag(flags, 'token') ?? process.env.FENCEGATE_TOKEN) : await fromDatabase(flags, params)
   if (flags.json) {
     console.log(JSON.stringify(page, null, 2))
     return 0
@@ -46,8 +47,8 @@ async function fromDatabase(flags: Flags, params: URLSearchParams): Promise<Audi
   }
 }
 
-async function fromAdmin(adminUrl: string, params: URLSearchParams): Promise<AuditPage> {
-  const res = await fetch(new URL(`/audit?${params}`, adminUrl))
+async function fromAdmin(adminUrl: string, params: URLSearchParams, token: string | undefined): Promise<AuditPage> {
+  const res = await fetch(new URL(`/audit?${params}`, adminUrl), { headers: token ? { authorization: `Bearer ${token}` } : {} })
   const body = (await res.json()) as AuditPage & { detail?: string }
   if (!res.ok) throw new UsageError(body.detail ?? `the admin plane answered ${res.status}`)
   return body

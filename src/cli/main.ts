@@ -49,6 +49,7 @@ const commands: Record<string, Command> = {
     options: {
       ...store,
       'admin-url': { type: 'string' },
+      token: { type: 'string' },
       tenant: { type: 'string' },
       entity: { type: 'string' },
       code: { type: 'string' },
@@ -62,6 +63,7 @@ const commands: Record<string, Command> = {
     help: {
       ...storeHelp,
       'admin-url': "read from a running gateway's admin plane instead of the database (needed while the embedded store is in use)",
+      token: 'bearer token for an admin plane with auth.mode: jwt (default: FENCEGATE_TOKEN)',
       tenant: 'only this tenant',
       entity: 'only this entity, e.g. invoice:42',
       code: 'only this code, e.g. stale_fence',
