@@ -1,5 +1,11 @@
 import autocannon from 'autocannon'
 
+/** What varies from one request to the next. */
+export interface Outgoing {
+  path: string
+  headers?: Record<string, string>
+}
+
 export interface LoadSpec {
   url: string
   connections: number
@@ -11,8 +17,9 @@ export interface LoadSpec {
   amount: number
   /** Stops the run (in-flight requests and all) if it has not finished by then. */
   maxSeconds: number
-  /** Called once per request: spreads requests over paths (entities). */
-  path: () => string
+  /** Called once per request: its path (the entity) and any headers of its own (an Idempotency-Key). */
+  request: () => Outgoing
+  /** Headers every request carries. */
   headers: Record<string, string>
   body: Buffer
   signal: AbortSignal
@@ -58,6 +65,8 @@ export class Tally {
   readonly statuses: Record<string, number> = {}
   errors = 0
   timeouts = 0
+  /** Responses carrying `idempotent-replayed: true`: answered from the store, not the upstream. */
+  replayed = 0
 
   get rps(): number {
     return this.seconds > 0 ? this.requests / this.seconds : 0
@@ -74,6 +83,7 @@ export function runLoad(spec: LoadSpec, tally: Tally): Promise<number> {
   const started = performance.now()
   let last = started
   let responses = 0
+  let replayed = 0
   return new Promise((resolve, reject) => {
     const instance = autocannon({
       url: spec.url,
@@ -87,9 +97,16 @@ export function runLoad(spec: LoadSpec, tally: Tally): Promise<number> {
       headers: spec.headers,
       body: spec.body,
       requests: [{
+        // autocannon builds every request afresh (headers copied) when setupRequest is given.
         setupRequest: (request) => {
-          request.path = spec.path()
+          const next = spec.request()
+          request.path = next.path
+          if (next.headers) request.headers = { ...request.headers, ...next.headers }
           return request
+        },
+        // Raw header names as the gateway sent them; its names are lower-case, but do not rely on it.
+        onResponse: (_status, _body, _context, headers) => {
+          if (isReplayed(headers)) replayed++
         },
       }],
     }, (err, result) => {
@@ -98,6 +115,7 @@ export function runLoad(spec: LoadSpec, tally: Tally): Promise<number> {
       if (err) return reject(err)
       const seconds = (last - started) / 1000
       tally.requests += responses
+      tally.replayed += replayed
       tally.seconds += seconds
       tally.non2xx += result.non2xx
       tally.errors += result.errors
@@ -114,4 +132,11 @@ export function runLoad(spec: LoadSpec, tally: Tally): Promise<number> {
       responses++
     })
   })
+}
+
+function isReplayed(headers: Record<string, unknown> | undefined): boolean {
+  for (const [name, value] of Object.entries(headers ?? {})) {
+    if (name.toLowerCase() === 'idempotent-replayed') return String(value) === 'true'
+  }
+  return false
 }

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { createWriteStream, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { fileURLToPath } from 'node:url'
 
@@ -14,11 +14,15 @@ export interface Child {
 
 const keepChars = 4000
 
-export function startChild(name: string, script: URL, args: string[], env: NodeJS.ProcessEnv): Child {
-  const child = spawn(process.execPath, [fileURLToPath(script), ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] })
+/** Runs `node [nodeArgs] script [args]` with this bench's own node binary; `logFile` gets all its output. */
+export function startChild(name: string, script: URL, args: string[], env: NodeJS.ProcessEnv, nodeArgs: string[] = [], logFile?: string): Child {
+  const child = spawn(process.execPath, [...nodeArgs, fileURLToPath(script), ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] })
   let tail = ''
+  const log = logFile ? createWriteStream(logFile, { flags: 'a' }) : undefined
+  if (log) child.once('exit', () => log.end())
   const keep = (chunk: Buffer) => {
     tail = (tail + chunk.toString('utf8')).slice(-keepChars)
+    log?.write(chunk)
   }
   child.stdout!.on('data', keep)
   child.stderr!.on('data', keep)
@@ -96,6 +100,20 @@ export function memoryKiB(pid: number, field: 'VmHWM' | 'VmRSS'): number | undef
   }
 }
 
+/**
+ * Resets a process's peak RSS (VmHWM) to its current RSS, so the next VmHWM read is
+ * the peak since now (Linux >= 4.0, `echo 5 > /proc/<pid>/clear_refs`). False when
+ * that is not possible: VmHWM then stays the peak since the process started.
+ */
+export function resetPeakRss(pid: number): boolean {
+  try {
+    writeFileSync(`/proc/${pid}/clear_refs`, '5')
+    return true
+  } catch {
+    return false
+  }
+}
+
 // USER_HZ is 100 on every Linux architecture Node supports.
 const ticksPerSecond = 100
 
@@ -122,4 +140,38 @@ export function machineCpu(): { busy: number; total: number } {
   } catch {
     return { busy: 0, total: 0 }
   }
+}
+
+/**
+ * CPU seconds so far of every process whose command is `postgres` (the server and its
+ * backends), by pid; a window's usage is the sum of the differences over pids seen at both ends.
+ */
+export function postgresCpu(): Map<number, number> {
+  const seen = new Map<number, number>()
+  let pids: string[]
+  try {
+    pids = readdirSync('/proc').filter((d) => /^\d+$/.test(d))
+  } catch {
+    return seen
+  }
+  for (const pid of pids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+      if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) !== 'postgres') continue
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      seen.set(Number(pid), (Number(fields[11]) + Number(fields[12])) / ticksPerSecond)
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return seen
+}
+
+export function cpuBetween(before: Map<number, number>, after: Map<number, number>): number {
+  let total = 0
+  for (const [pid, s] of after) {
+    const b = before.get(pid)
+    if (b !== undefined) total += s - b
+  }
+  return total
 }

@@ -15,6 +15,8 @@ export interface StoreCheck {
   entities: number
   /** Audit rows written since the run began: every rejection, stale or not. */
   rejections: number
+  /** This run's idempotency records, by state (all `completed` when every key settled). */
+  keys: Record<string, number>
 }
 
 export interface BenchStore {
@@ -27,7 +29,7 @@ export interface BenchStore {
   /** The embedded store's directory, for the gateway config. */
   dataDir: string | undefined
   /** Only once the gateway has stopped: PGlite allows one process per directory. */
-  check(fenceBase: bigint, since: Date): Promise<StoreCheck>
+  check(fenceBase: bigint, since: Date, keyPrefix: string): Promise<StoreCheck>
   cleanup(): Promise<void>
 }
 
@@ -53,12 +55,15 @@ async function describe(db: Db): Promise<string> {
   return `PostgreSQL ${row!.v}, synchronous_commit=${row!.sc}, fsync=${row!.fsync}`
 }
 
-async function check(db: Db, fenceBase: bigint, since: Date): Promise<StoreCheck> {
+async function check(db: Db, fenceBase: bigint, since: Date, keyPrefix: string): Promise<StoreCheck> {
   try {
-    const [row] = await db.sql<StoreCheck>`
+    const [row] = await db.sql<Omit<StoreCheck, 'keys'>>`
       SELECT (SELECT count(*)::int FROM fg_fences WHERE highest_fence >= ${fenceBase.toString()}::bigint) AS entities,
              (SELECT count(*)::int FROM fg_audit WHERE at >= ${since.toISOString()}::timestamptz) AS rejections`
-    return row!
+    // The prefix is the bench's own [a-z0-9] tag, so it needs no LIKE escaping.
+    const states = await db.sql<{ state: string; n: number }>`
+      SELECT state, count(*)::int AS n FROM fg_idempotency WHERE key LIKE ${`${keyPrefix}%`} GROUP BY state ORDER BY state`
+    return { ...row!, keys: Object.fromEntries(states.map((r) => [r.state, r.n])) }
   } finally {
     await db.close()
   }
@@ -90,7 +95,7 @@ export async function prepareStore(options: BenchOptions): Promise<BenchStore> {
         delete env.DATABASE_URL
         return env
       },
-      check: async (fenceBase, since) => check(await openPglite(dataDir), fenceBase, since),
+      check: async (fenceBase, since, keyPrefix) => check(await openPglite(dataDir), fenceBase, since, keyPrefix),
       cleanup: async () => rmSync(dataDir, { recursive: true, force: true }),
     }
   }
@@ -128,7 +133,7 @@ export async function prepareStore(options: BenchOptions): Promise<BenchStore> {
     location: `${redact(dbUrl)}${options.databaseUrl ? ' (given; kept)' : ' (created for this run; dropped at the end)'}`,
     dataDir: undefined,
     gatewayEnv: (base) => ({ ...base, DATABASE_URL: dbUrl }),
-    check: (fenceBase, since) => check(connectPostgres(dbUrl, { max: 1 }), fenceBase, since),
+    check: (fenceBase, since, keyPrefix) => check(connectPostgres(dbUrl, { max: 1 }), fenceBase, since, keyPrefix),
     cleanup: drop,
   }
 }
