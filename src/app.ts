@@ -8,7 +8,7 @@ import { silentLogger, type Logger } from './log.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
 import { createRouter } from './route.js'
-import { StoreError } from './store/db.js'
+import { StoreError, storeCode } from './store/db.js'
 import type { Store } from './store/store.js'
 
 /** What the data plane is built from; every part is injected so each runtime wires its own. */
@@ -55,7 +55,7 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
   app.onError((err, c) => {
     if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
     if (err instanceof StoreError) {
-      log.error('store_failed', { request_id: c.get('requestId'), store_code: err.sqlstate ?? err.driverCode ?? 'unknown' })
+      log.error('store_failed', { request_id: c.get('requestId'), store_code: storeCode(err) })
       return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), c.get('requestId'))
     }
     log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })

@@ -1,7 +1,7 @@
 import type { RouteConfig } from './config/schema.js'
 import { captureBody, storedHeaders, type Captured } from './idempotency.js'
 import type { Logger } from './log.js'
-import { StoreError } from './store/db.js'
+import { storeCode } from './store/db.js'
 import type { Held, Store } from './store/store.js'
 
 /**
@@ -42,7 +42,7 @@ export async function logged(log: Logger, requestId: string, action: string, wri
   try {
     if (!(await write())) log.warn('idempotency_record_lost', { request_id: requestId, action })
   } catch (err) {
-    log.error('idempotency_write_failed', { request_id: requestId, action, store_code: err instanceof StoreError ? (err.sqlstate ?? err.driverCode ?? 'unknown') : 'unknown' })
+    log.error('idempotency_write_failed', { request_id: requestId, action, store_code: storeCode(err) })
   }
 }
 

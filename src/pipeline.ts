@@ -8,7 +8,7 @@ import type { Logger } from './log.js'
 import { logged, settleResponse, waitForOutcome } from './outcome.js'
 import { FencegateError } from './problems.js'
 import { resolveEntity, type Route, type Router } from './route.js'
-import { StoreError } from './store/db.js'
+import { StoreError, storeCode } from './store/db.js'
 import type { Command, Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
 
 export interface PipelineDeps {
@@ -275,8 +275,4 @@ function toProblem(err: unknown): FencegateError {
   if (err instanceof FencegateError) return err
   if (err instanceof StoreError) return new FencegateError('store_unavailable', 'the store could not record this command, so it was not forwarded')
   return new FencegateError('internal_error', 'an unexpected error occurred')
-}
-
-export function storeCode(err: unknown): string {
-  return err instanceof StoreError ? (err.sqlstate ?? err.driverCode ?? 'unknown') : 'unknown'
 }

@@ -28,6 +28,11 @@ export class StoreError extends Error {
   }
 }
 
+/** The code a log line may carry for a failure: the SQLSTATE or driver code, never the message. */
+export function storeCode(err: unknown): string {
+  return err instanceof StoreError ? (err.sqlstate ?? err.driverCode ?? 'unknown') : 'unknown'
+}
+
 const sqlstatePattern = /^[0-9A-Z]{5}$/
 
 /** Wraps any driver error into a StoreError, recognising the SQLSTATE when there is one. */
