@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post } from './helpers/gateway.js'
 import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
  * A gateway killed in the middle of a request leaves an in-flight record. After
@@ -15,12 +15,11 @@ import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 describe.each(backends())('a gateway killed mid-request, on $name', (backend) => {
   let t: TestDb | undefined
   let upstream: TestUpstream
-  let release!: () => void
+  const { opened: held, open: release } = gate()
   const gateways: GatewayProcess[] = []
   let args: string[]
 
   beforeAll(async () => {
-    const held = new Promise<void>((resolve) => (release = resolve))
     upstream = await startUpstream(async (_req, res) => {
       await held
       res.end('too late')

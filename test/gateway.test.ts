@@ -3,7 +3,7 @@ import { connect } from 'node:net'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
  * POSTs over node:http, which sends header lines as given: a header twice, or a
@@ -204,8 +204,7 @@ describe.each(backends())('gateway on $name', (backend) => {
   })
 
   it('streams the response: the client reads the first chunk before the upstream finishes', async () => {
-    let finish!: () => void
-    const finished = new Promise<void>((resolve) => (finish = resolve))
+    const { opened: finished, open: finish } = gate()
     upstream.handle(async (_req, res) => {
       res.writeHead(200, { 'content-type': 'text/plain' })
       res.write('first;')
@@ -226,8 +225,7 @@ describe.each(backends())('gateway on $name', (backend) => {
   it('survives a client that disconnects in the middle of a streamed response', async () => {
     // Regression: Readable.toWeb threw an uncaught ERR_INVALID_STATE when the client went
     // away while upstream data was still arriving, killing the process (nodejs/node#54205).
-    let upstreamClosed!: () => void
-    const closed = new Promise<void>((resolve) => (upstreamClosed = resolve))
+    const { opened: closed, open: upstreamClosed } = gate()
     upstream.handle(async (_req, res) => {
       res.on('close', upstreamClosed)
       res.writeHead(200, { 'content-type': 'application/octet-stream' })

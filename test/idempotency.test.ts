@@ -4,7 +4,7 @@ import type { Db } from '../src/store/db.js'
 import { createStore } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const idem = (overrides: Record<string, unknown> = {}) => ({ idempotency: 'required', ...overrides })
 const keyed = (key: string, extra: Record<string, string> = {}) => ({ headers: { 'idempotency-key': key, ...extra } })
@@ -71,8 +71,7 @@ describe.each(backends())('idempotency on $name', (backend) => {
   })
 
   it('a storm of 200 concurrent duplicates executes exactly once and answers every request', async () => {
-    let release!: () => void
-    const held = new Promise<void>((resolve) => (release = resolve))
+    const { opened: held, open: release } = gate()
     upstream.handle(async (_req, res) => {
       calls++
       await held
@@ -265,8 +264,7 @@ describe.each(backends())('idempotency on $name', (backend) => {
   })
 
   it('holds a duplicate with idempotency_wait until the original completes, then replays it', async () => {
-    let release!: () => void
-    const held = new Promise<void>((resolve) => (release = resolve))
+    const { opened: held, open: release } = gate()
     upstream.handle(async (_req, res) => {
       await held
       res.end('finally')
@@ -282,8 +280,7 @@ describe.each(backends())('idempotency on $name', (backend) => {
   })
 
   it('still records the answer when the client disconnects mid-response', async () => {
-    let finish!: () => void
-    const finished = new Promise<void>((resolve) => (finish = resolve))
+    const { opened: finished, open: finish } = gate()
     upstream.handle(async (_req, res) => {
       res.write('part one;')
       await finished

@@ -8,7 +8,7 @@ import { ForwardError, type ForwardRequest } from '../src/forward.js'
 import worker, { createWorker, type FencegateWorker, type WorkerContext, type WorkerEnv } from '../src/worker.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { issuer, audience, secret, token } from './helpers/tokens.js'
-import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const postgres = backends().find((b) => b.name === 'postgres')
 
@@ -171,8 +171,7 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
   })
 
   it('settles an idempotent record whose client left mid-body, then closes the store', async () => {
-    let finish!: () => void
-    const finished = new Promise<void>((resolve) => (finish = resolve))
+    const { opened: finished, open: finish } = gate()
     upstream.handle(async (_req, res) => {
       res.writeHead(200, { 'content-type': 'text/plain' })
       res.write('first;')

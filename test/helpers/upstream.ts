@@ -75,3 +75,10 @@ export async function closedPort(): Promise<number> {
   await new Promise((resolve) => server.close(resolve))
   return port
 }
+
+/** A latch a test opens when it is ready: upstream handlers await `opened` to hold their answer. */
+export function gate(): { opened: Promise<void>; open: () => void } {
+  let open!: () => void
+  const opened = new Promise<void>((resolve) => (open = resolve))
+  return { opened, open }
+}
