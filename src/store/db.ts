@@ -14,6 +14,21 @@ export interface Db {
   exec(script: string): Promise<void>
   /** Runs `fn` in one transaction; it commits when `fn` resolves and rolls back when it throws. */
   begin<T>(fn: (tx: Db) => Promise<T>): Promise<T>
+  /**
+   * Subscribes to a notification channel (`LISTEN`). `onNotify` gets each payload once the
+   * notifying transaction has committed, so a listener never hears of a row it cannot see
+   * yet. postgres.js listens on one dedicated connection and re-listens after that
+   * connection drops; `onReconnect` runs then, because notifications sent while it was
+   * down are lost. PGlite is one in-process session and never reconnects.
+   *
+   * Optional: a runtime without a lasting connection (the Workers entry opens one per
+   * request) has no `listen`, and its callers fall back to polling. Resolves to the
+   * function that unsubscribes; rejects with a StoreError when the `LISTEN` fails.
+   *
+   * @example
+   * const unlisten = await db.listen?.('fencegate_jobs', (type) => console.log('work for', type))
+   */
+  listen?(channel: string, onNotify: (payload: string) => void, onReconnect?: () => void): Promise<() => Promise<void>>
   close(): Promise<void>
 }
 

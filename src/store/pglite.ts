@@ -32,10 +32,28 @@ export async function openPglite(dataDir?: string): Promise<Db> {
  * const db = pgliteDb(await PGlite.create())
  */
 export function pgliteDb(pg: PGlite, onClose: () => void = () => {}): Db {
-  return wrap(pg, async () => {
+  const db = wrap(pg, async () => {
     await pg.close()
     onClose()
   })
+  return {
+    ...db,
+    // One session in this process: it never drops, so there is no reconnect to report.
+    async listen(channel, onNotify) {
+      try {
+        const unlisten = await pg.listen(channel, onNotify)
+        return async () => {
+          try {
+            await unlisten()
+          } catch (err) {
+            throw toStoreError(err)
+          }
+        }
+      } catch (err) {
+        throw toStoreError(err)
+      }
+    },
+  }
 }
 
 function wrap(pg: PGlite | Transaction, close: () => Promise<void>): Db {

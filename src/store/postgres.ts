@@ -21,7 +21,31 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
-  return wrap(client)
+  return { ...wrap(client), listen: (channel, onNotify, onReconnect) => listenOn(client, channel, onNotify, onReconnect) }
+}
+
+/**
+ * LISTEN through postgres.js: one dedicated connection for every channel of this client,
+ * which postgres.js re-opens (with backoff) and re-listens on after it drops. Its
+ * `onlisten` runs on the first LISTEN and on every re-listen; only the re-listens are reported.
+ */
+async function listenOn(sql: postgres.Sql, channel: string, onNotify: (payload: string) => void, onReconnect?: () => void): Promise<() => Promise<void>> {
+  let first = true
+  try {
+    const { unlisten } = await sql.listen(channel, onNotify, () => {
+      if (!first) onReconnect?.()
+      first = false
+    })
+    return async () => {
+      try {
+        await unlisten()
+      } catch (err) {
+        throw toStoreError(err)
+      }
+    }
+  } catch (err) {
+    throw toStoreError(err)
+  }
 }
 
 function wrap(sql: postgres.Sql | postgres.TransactionSql): Db {

@@ -1,0 +1,203 @@
+import { silentLogger, type Logger } from '../log.js'
+import { storeCode } from '../store/db.js'
+
+/**
+ * The channel the job statements notify when a job becomes claimable (start, restart,
+ * a retryable fail back to `queued`, a release); the payload is the job's type.
+ *
+ * @example
+ * await db.listen?.(jobsChannel, (type) => console.log(`a ${type} job may be claimable`))
+ */
+export const jobsChannel = 'fencegate_jobs'
+
+/** Subscribes to {@link jobsChannel}: a `Db.listen` bound to that channel. */
+export type ListenForWork = (onType: (type: string) => void, onReconnect: () => void) => Promise<() => Promise<void>>
+
+/** Why a waiting claim woke up. */
+export type WakeReason = 'notified' | 'reconnected' | 'tick' | 'deadline' | 'aborted'
+
+/** One waiting claim, from before its first claim attempt until it answers. */
+export interface Waiter {
+  /**
+   * Resolves when the claim should try again: at once if a notification for one of its
+   * types (or a re-listen) arrived since the last call, else on the next one, on the
+   * fallback tick, at `deadline` (`performance.now()` milliseconds) or when `signal` aborts.
+   */
+  next(deadline: number, signal: AbortSignal): Promise<WakeReason>
+  /** Stops listening for this claim; a pending `next` resolves `aborted`. */
+  release(): void
+}
+
+/** What a running wake has done, for tests and diagnostics. */
+export interface WakeStats {
+  /** Claims blocked in `next` right now. */
+  waiting: number
+  /** Claims registered (from before their first attempt until they answer). */
+  registered: number
+  /** Whether the process's LISTEN has been established (postgres.js re-establishes it after a drop). */
+  listening: boolean
+  /** Wake-ups of a blocked claim by a notification for one of its types. */
+  notified: number
+  /** Wake-ups by the fallback tick. */
+  ticks: number
+  /** Times the LISTEN was re-established after its connection dropped. */
+  reconnects: number
+}
+
+export interface ClaimWake {
+  /**
+   * Registers a waiting claim for these job types, after making sure the process's
+   * LISTEN is active (waiting for it at most until `deadline`). Notifications are
+   * latched from here on, so one that lands while the claim runs is never lost.
+   */
+  register(types: string[], deadline: number): Promise<Waiter>
+  stats(): WakeStats
+  /** Unlistens; waiters still registered fall back to the tick. */
+  close(): Promise<void>
+}
+
+export interface ClaimWakeOptions {
+  /** Without it (a runtime with no lasting connection), waiting claims poll on the fallback tick only. */
+  listen?: ListenForWork | undefined
+  /**
+   * How often a waiting claim tries again without a notification: an expired lease and
+   * the end of a backoff produce none, and neither does anything while the LISTEN
+   * connection is down. Default 1000 ms.
+   */
+  fallbackMs?: number
+  log?: Logger
+}
+
+/** The default fallback tick: the slowest a waiting claim notices an expired lease. */
+export const defaultFallbackMs = 1000
+
+/**
+ * One LISTEN per process, fanned out to every waiting claim: a notification wakes the
+ * waiters of its type, which then race for the job with ordinary claim statements (so
+ * exactly one gets it, and the others wait again). The LISTEN starts with the first
+ * waiting claim and stays for the life of the process; if it fails, waiters poll on the
+ * fallback tick and the next waiter tries it again (at most once per tick).
+ *
+ * @example
+ * const wake = createClaimWake({ listen: jobs.listenForWork })
+ * const waiter = await wake.register(['report'], performance.now() + 10_000)
+ * try {
+ *   while (!(await claim()) && (await waiter.next(deadline, request.signal)) !== 'aborted') {}
+ * } finally {
+ *   waiter.release()
+ * }
+ */
+export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
+  const fallbackMs = options.fallbackMs ?? defaultFallbackMs
+  if (!Number.isFinite(fallbackMs) || fallbackMs <= 0) throw new Error(`fallbackMs must be a positive number of milliseconds, got ${fallbackMs}`)
+  const log = options.log ?? silentLogger
+  const waiters = new Set<WaiterState>()
+  const counts = { waiting: 0, notified: 0, ticks: 0, reconnects: 0 }
+  let listening: Promise<boolean> | undefined
+  let unlisten: (() => Promise<void>) | undefined
+  let retryAt = 0
+  let closed = false
+
+  const onType = (type: string) => {
+    for (const w of waiters) if (w.types.has(type)) w.wake('notified')
+  }
+  // Whatever was notified while the connection was down is lost: every waiter looks again.
+  const onReconnect = () => {
+    counts.reconnects++
+    for (const w of waiters) w.wake('reconnected')
+  }
+
+  function startListening(): Promise<boolean> {
+    if (!options.listen || closed) return Promise.resolve(false)
+    if (listening) return listening
+    if (performance.now() < retryAt) return Promise.resolve(false)
+    listening = options.listen(onType, onReconnect).then((u) => {
+      // Closed while the LISTEN was on its way: undo it rather than keep it forever.
+      if (closed) {
+        u().catch(() => {})
+        return false
+      }
+      unlisten = u
+      return true
+    }, (err: unknown) => {
+      log.warn('jobs_listen_failed', { store_code: storeCode(err) })
+      listening = undefined
+      retryAt = performance.now() + fallbackMs
+      return false
+    })
+    return listening
+  }
+
+  class WaiterState implements Waiter {
+    pending: WakeReason | undefined
+    private settle: ((reason: WakeReason) => void) | undefined
+    constructor(readonly types: Set<string>) {}
+
+    wake(reason: WakeReason) {
+      if (!this.settle) {
+        this.pending ??= reason
+        return
+      }
+      if (reason === 'notified') counts.notified++
+      this.settle(reason)
+    }
+
+    next(deadline: number, signal: AbortSignal): Promise<WakeReason> {
+      if (signal.aborted || !waiters.has(this)) return Promise.resolve('aborted')
+      if (this.pending) {
+        const reason = this.pending
+        this.pending = undefined
+        return Promise.resolve(reason)
+      }
+      const remaining = deadline - performance.now()
+      if (remaining <= 0) return Promise.resolve('deadline')
+      return new Promise((resolve) => {
+        counts.waiting++
+        const byDeadline = remaining <= fallbackMs
+        const timer = setTimeout(() => {
+          if (!byDeadline) counts.ticks++
+          this.settle?.(byDeadline ? 'deadline' : 'tick')
+        }, Math.min(remaining, fallbackMs))
+        const onAbort = () => this.settle?.('aborted')
+        signal.addEventListener('abort', onAbort, { once: true })
+        this.settle = (reason) => {
+          this.settle = undefined
+          counts.waiting--
+          clearTimeout(timer)
+          signal.removeEventListener('abort', onAbort)
+          resolve(reason)
+        }
+      })
+    }
+
+    release() {
+      waiters.delete(this)
+      this.settle?.('aborted')
+    }
+  }
+
+  return {
+    async register(types, deadline) {
+      const waiter = new WaiterState(new Set(types))
+      waiters.add(waiter)
+      // The first claim must not run before LISTEN is active, or a job started in between
+      // would wait for the tick; but never wait for the LISTEN past the claim's own deadline.
+      let timer: ReturnType<typeof setTimeout> | undefined
+      await Promise.race([
+        startListening(),
+        new Promise((resolve) => {
+          timer = setTimeout(resolve, Math.max(0, deadline - performance.now()))
+        }),
+      ])
+      clearTimeout(timer)
+      return waiter
+    },
+    stats: () => ({ ...counts, registered: waiters.size, listening: unlisten !== undefined && !closed }),
+    async close() {
+      closed = true
+      const u = unlisten
+      unlisten = undefined
+      await u?.().catch(() => {})
+    },
+  }
+}
