@@ -1,5 +1,8 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import { createApp } from '../src/app.js'
 import { createJobStore } from '../src/leases/store.js'
+import { createClaimWake } from '../src/leases/wake.js'
+import { createUndiciForward } from '../src/node/forward.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { startUpstream } from './helpers/upstream.js'
@@ -52,7 +55,9 @@ describe.each(backends())('lease service on $name', (backend) => {
   it('claims with a new fence, skips a live lease and reclaims an expired one with a higher fence', async () => {
     const { json: job } = await start('k1')
     const a = await claim('w1')
-    expect(a.json).toMatchObject({ job_id: job.job_id, type: 'report', payload: { month: 'k1' }, fence: '1', attempt: 1 })
+    expect(a.json).toMatchObject({ job_id: job.job_id, type: 'report', payload: { month: 'k1' }, fence: '1', attempt: 1, cursor_length: 0 })
+    // Durations by the database, in the claim statement: lease_until is now() + lease, so all of it is left.
+    expect([a.json.lease_ms, a.json.lease_remaining_ms]).toEqual([45_000, 45_000])
     expect((await claim('w2')).status).toBe(204)
     await expire(job.job_id)
     const b = await claim('w2')
@@ -65,9 +70,10 @@ describe.each(backends())('lease service on $name', (backend) => {
   it('renews only a live lease of the holder: never after expiry, even if nobody claimed the job', async () => {
     const { json: job } = await start('k1')
     const { json: c } = await claim('w1')
+    await t.db.sql`UPDATE fg_jobs SET lease_until = now() + interval '10 seconds' WHERE id = ${job.job_id}::bigint`
     const first = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
     expect(first.status).toBe(200)
-    expect(first.json.cancel_requested).toBe(false)
+    expect(first.json).toMatchObject({ cancel_requested: false, lease_ms: 45_000, lease_remaining_ms: 45_000 })
     // A missed heartbeat before the deadline changes nothing: the same token renews later.
     const second = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
     expect(second.json.lease_until >= first.json.lease_until).toBe(true)
@@ -82,7 +88,10 @@ describe.each(backends())('lease service on $name', (backend) => {
     const { json: c } = await claim('w1')
     await t.db.sql`UPDATE fg_jobs SET lease_until = now() + interval '1 hour' WHERE id = ${job.job_id}::bigint`
     const before = (await call(`/${job.job_id}`, undefined, 'GET')).json.remaining_lease_ms
-    await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    const beat = await call(`/${job.job_id}/heartbeat`, { worker_id: 'w1', fence: c.fence })
+    // The remaining lease is read after the renewal: the stored hour, not the type's 45 s.
+    expect(beat.json.lease_ms).toBe(45_000)
+    expect(beat.json.lease_remaining_ms).toBeGreaterThan(before - 5_000)
     expect((await call(`/${job.job_id}`, undefined, 'GET')).json.remaining_lease_ms).toBeGreaterThan(before - 5_000)
   })
 
@@ -121,6 +130,77 @@ describe.each(backends())('lease service on $name', (backend) => {
     const restarted = await start('k1', { restart: true })
     expect([restarted.json.job_id, restarted.json.state]).toEqual([job.job_id, 'queued'])
     expect((await claim('w4')).json).toMatchObject({ job_id: job.job_id, fence: '4', attempt: 1 })
+  })
+
+  it('release requeues at once without using up an attempt; the releaser cannot renew, append or complete after it', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    const w1 = { worker_id: 'w1', fence: c.fence }
+    await call(`/${job.job_id}/append`, { ...w1, seq: 0, chunk: 'part' })
+    expect(await call(`/${job.job_id}/release`, w1)).toEqual({ status: 200, json: { job_id: job.job_id, state: 'queued' } })
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'queued', attempt: 0, fence: '1', owner: null, remaining_lease_ms: null })
+    for (const action of ['heartbeat', 'append', 'fail', 'release']) {
+      const refused = await call(`/${job.job_id}/${action}`, { ...w1, ...(action === 'append' ? { seq: 1, chunk: 'late' } : action === 'fail' ? { retryable: true } : {}) })
+      expect([action, refused.status, refused.json.code, refused.json.reason]).toEqual([action, 409, 'lease_lost', 'released'])
+    }
+    expect((await call(`/${job.job_id}/complete`, { ...w1, result: 'late' })).json).toMatchObject({ code: 'not_owner', reason: 'released' })
+    // Claimable at once (no backoff), with a higher fence and the same attempt number; the output stays.
+    const { json: next } = await claim('w2')
+    expect(next).toMatchObject({ job_id: job.job_id, fence: '2', attempt: 1, cursor_length: 1 })
+    expect((await call(`/${job.job_id}/heartbeat`, w1)).json.reason).toBe('superseded')
+    // Releases never count against max_attempts (3 for this type).
+    let fence = next.fence
+    for (let i = 0; i < 4; i++) {
+      expect((await call(`/${job.job_id}/release`, { worker_id: 'w2', fence })).status).toBe(200)
+      const again = await claim('w2')
+      expect([again.json.attempt, again.json.fence]).toEqual([1, String(Number(fence) + 1)])
+      fence = again.json.fence
+    }
+    expect((await call(`/${job.job_id}/complete`, { worker_id: 'w2', fence, result: 'done' })).status).toBe(200)
+  })
+
+  it('refuses a stale or foreign release and changes nothing; a release with a cancel pending ends the job cancelled', async () => {
+    const { json: job } = await start('k1')
+    const { json: c } = await claim('w1')
+    const row = async () => (await t.db.sql`SELECT state, owner, fence::text, attempt, lease_until, run_after, finished_at FROM fg_jobs WHERE id = ${job.job_id}::bigint`)[0]
+    const before = await row()
+    expect((await call(`/${job.job_id}/release`, { worker_id: 'w2', fence: c.fence })).json).toMatchObject({ code: 'lease_lost', reason: 'superseded' })
+    expect((await call(`/${job.job_id}/release`, { worker_id: 'w1', fence: '7' })).json).toMatchObject({ code: 'lease_lost', reason: 'superseded' })
+    expect(await row()).toEqual(before)
+    await expire(job.job_id)
+    const expired = await row()
+    const late = await call(`/${job.job_id}/release`, { worker_id: 'w1', fence: c.fence })
+    expect([late.status, late.json.code, late.json.reason]).toEqual([409, 'lease_lost', 'expired'])
+    expect(await row()).toEqual(expired)
+    const { json: next } = await claim('w2')
+    expect((await call(`/${job.job_id}/release`, { worker_id: 'w1', fence: c.fence })).json.reason).toBe('superseded')
+    expect((await call(`/${job.job_id}`, undefined, 'GET')).json).toMatchObject({ state: 'running', owner: 'w2', fence: '2', attempt: 2 })
+    expect((await call('/777777/release', { worker_id: 'w1', fence: '1' })).json.code).toBe('job_not_found')
+    expect((await call(`/${job.job_id}/release`, { worker_id: 'w2', fence: next.fence, error: 'x' })).json.code).toBe('invalid_request')
+    await call(`/${job.job_id}/cancel`)
+    expect((await call(`/${job.job_id}/release`, { worker_id: 'w2', fence: next.fence })).json.state).toBe('cancelled')
+    expect((await claim('w3')).status).toBe(204)
+  })
+
+  it('a release wakes a waiting claim through the notification, not the tick', async () => {
+    const jobs = createJobStore(t.db)
+    // A fallback tick longer than any test: a wake-up here can only be the release's notification.
+    const wake = createClaimWake({ listen: jobs.listenForWork, fallbackMs: 10 * 60_000 })
+    const undici = createUndiciForward()
+    const app = createApp({ config: testConfig([route('http://127.0.0.1:9')], { job_types: jobTypes }), store: t.store, forward: undici.forward, jobs, claimWake: wake })
+    try {
+      const { json: job } = await start('k1')
+      const { json: c } = await claim('w1')
+      const waiting = app.request('/_fencegate/jobs/claim', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ worker_id: 'w2', wait: 25 }) })
+      while (!(wake.stats().waiting === 1 && wake.stats().listening)) await new Promise((r) => setTimeout(r, 5))
+      expect((await call(`/${job.job_id}/release`, { worker_id: 'w1', fence: c.fence })).status).toBe(200)
+      const got = await waiting
+      expect([got.status, await got.json()]).toMatchObject([200, { job_id: job.job_id, fence: '2', attempt: 1 }])
+      expect(wake.stats()).toMatchObject({ notified: 1, ticks: 0 })
+    } finally {
+      await wake.close()
+      await undici.close()
+    }
   })
 
   it('delivers a cancel through the heartbeat and refuses completion after it; cancels repeat harmlessly', async () => {

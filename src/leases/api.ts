@@ -4,8 +4,10 @@ import { readBody } from '../body.js'
 import type { Config, JobType } from '../config/schema.js'
 import type { Authenticate, Identity } from '../identity.js'
 import type { Logger } from '../log.js'
+import { noMetrics, type Metrics } from '../metrics.js'
 import { FencegateError } from '../problems.js'
-import type { Holder, JobStore } from './store.js'
+import type { Claimed, Holder, JobStore } from './store.js'
+import { createClaimWake, type ClaimWake } from './wake.js'
 
 /** The reserved prefix the job API lives under; no route may claim it. */
 export const jobsPath = '/_fencegate/jobs'
@@ -35,8 +37,10 @@ function isStorableJson(value: unknown): boolean {
  * @example
  * app.route(jobsPath, createJobsApp({ config, jobs: createJobStore(db), authenticate, log }))
  */
-export function createJobsApp(deps: { config: Config; jobs: JobStore; authenticate: Authenticate; log: Logger }) {
+export function createJobsApp(deps: { config: Config; jobs: JobStore; authenticate: Authenticate; log: Logger; wake?: ClaimWake | undefined; metrics?: Metrics | undefined }) {
   const { config, jobs, authenticate, log } = deps
+  const metrics = deps.metrics ?? noMetrics
+  const wake = deps.wake ?? createClaimWake({ listen: jobs.listenForWork, log })
   const types = new Map(config.job_types.map((t) => [t.name, t]))
   const app = new Hono<Env>()
 
@@ -75,6 +79,7 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const reason = await jobs.lostReason(h)
     if (reason === 'not_found') return new FencegateError('job_not_found', 'no such job')
     log.info(code === 'not_owner' ? 'result_rejected' : 'heartbeat_lost', { job_id: h.jobId, fence: h.fence, reason })
+    if (code === 'not_owner') metrics.resultRejected({ reason })
     return new FencegateError(code, `this worker and fence no longer hold the job (${reason})`, { reason })
   }
 
@@ -95,19 +100,40 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const identity = await authenticate(c.req.raw)
     const body = await json(c.req.raw, claimBody)
     const wanted = typesFor(body.types)
-    const deadline = Date.now() + (body.wait ?? 0) * 1000
-    for (let interval = 50; ; interval = Math.min(interval * 2, 500)) {
+    const claimRound = async (): Promise<Claimed | undefined> => {
       // Jobs out of attempts are finished by the claim itself; keep going so they never block the queue.
       for (let i = 0; i < 100; i++) {
         const claimed = await jobs.claimOne({ tenant: identity.tenant, workerId: body.worker_id, types: wanted })
-        if (!claimed) break
+        if (!claimed) return undefined
         if (claimed.state !== 'running') continue
         log.info('job_claimed', { job_id: claimed.job_id, fence: claimed.fence, attempt: claimed.attempt })
-        const { state: _state, ...answer } = claimed
-        return c.json(answer)
+        metrics.jobClaimed({ type: claimed.type, reclaimed: claimed.reclaimed })
+        return claimed
       }
-      if (Date.now() >= deadline) return c.body(null, 204)
-      await new Promise((resolve) => setTimeout(resolve, Math.min(interval, Math.max(0, deadline - Date.now()))))
+      return undefined
+    }
+    const answer = ({ state: _state, reclaimed: _reclaimed, ...claimed }: Claimed) => c.json(claimed)
+    if (!body.wait) {
+      const claimed = await claimRound()
+      return claimed ? answer(claimed) : c.body(null, 204)
+    }
+    // The deadline is a request timeout, so the process's monotonic clock is right for it;
+    // whether a job is due or a lease expired is decided by the claim statement on the database clock.
+    const deadline = performance.now() + body.wait * 1000
+    const signal = c.req.raw.signal
+    const waiter = await wake.register(wanted.map((t) => t.name), deadline)
+    try {
+      for (;;) {
+        const claimed = await claimRound()
+        if (claimed) return answer(claimed)
+        const why = await waiter.next(deadline, signal)
+        // A client that left gets no job: a claim nobody reads would only burn an attempt.
+        if (why === 'aborted') return c.body(null, 204)
+        // One last look at the deadline, then nothing.
+        if (why === 'deadline') return (await claimRound().then((last) => last && answer(last))) ?? c.body(null, 204)
+      }
+    } finally {
+      waiter.release()
     }
   })
 
@@ -128,12 +154,17 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const renewed = await jobs.heartbeat(h, config.job_types)
     if (renewed) {
       log.debug('heartbeat_ok', { job_id: h.jobId, fence: h.fence })
-      return c.json(renewed)
+      const { type, lease_left_ms, ...answer } = renewed
+      metrics.heartbeat({ type, ageMs: Math.max(0, answer.lease_ms - lease_left_ms), remainingMs: Math.max(0, lease_left_ms) })
+      return c.json(answer)
     }
     if (await jobs.failOverRuntime(h, config.job_types)) {
+      metrics.renewalFailed({ reason: 'max_runtime' })
       throw new FencegateError('lease_lost', 'the job ran past max_runtime and was failed', { reason: 'max_runtime' })
     }
-    throw await lost(h)
+    const refused = await lost(h)
+    metrics.renewalFailed({ reason: refused.code === 'job_not_found' ? 'not_found' : String(refused.extras.reason) })
+    throw refused
   })
 
   app.post('/:id/append', async (c) => {
@@ -162,6 +193,16 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const r = await jobs.fail(h, config.job_types, body.error, body.retryable)
     if (r) return c.json({ job_id: h.jobId, state: r.state })
     throw await lost(h)
+  })
+
+  app.post('/:id/release', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const h = holder(identity, jobIdOf(c.req.param('id')), await json(c.req.raw, holderBody.strict()))
+    const r = await jobs.release(h)
+    if (!r) throw await lost(h)
+    log.info('job_released', { job_id: h.jobId, fence: h.fence, state: r.state })
+    metrics.jobReleased({ type: r.type })
+    return c.json({ job_id: h.jobId, state: r.state })
   })
 
   app.post('/:id/cancel', async (c) => {

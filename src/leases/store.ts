@@ -1,22 +1,12 @@
 import type { JobType } from '../config/schema.js'
 import type { Db } from '../store/db.js'
+import { chunksFrom, getJob, lostReason } from './read.js'
+import { jobsChannel } from './wake.js'
 
-/** A job as its owner and readers see it; the lease is reported as remaining milliseconds computed by the database. */
-export interface JobView {
-  job_id: string
-  type: string
-  key: string
-  state: 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
-  attempt: number
-  fence: string
-  owner: string | null
-  remaining_lease_ms: number | null
-  cancel_requested: boolean
-  cursor_length: number
-  result: unknown
-  error: unknown
-  error_code: string | null
-}
+export type { JobView } from './read.js'
+
+/** The states a job moves through (docs/leases.md#states). */
+export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
 
 export interface Claimed {
   job_id: string
@@ -24,8 +14,16 @@ export interface Claimed {
   payload: unknown
   fence: string
   lease_until: string
+  /** The job type's lease length. */
+  lease_ms: number
+  /** `lease_until - now()` by the database, in the claim statement itself: a duration a worker can hold against its own clock. */
+  lease_remaining_ms: number
   attempt: number
+  /** Output chunks the job already has: where this attempt's appends continue. */
+  cursor_length: number
   state: string
+  /** The job was running on a lease that had expired (a reclaim), as the claim's locked row showed. */
+  reclaimed: boolean
 }
 
 /** Who is acting on a job: the owner's worker id and the fence it was given at claim. */
@@ -36,8 +34,12 @@ export interface Holder {
   fence: string
 }
 
-/** Why a holder no longer holds a job. */
-export type LostReason = 'expired' | 'superseded' | 'cancelled' | 'finished' | 'max_runtime' | 'not_found'
+/**
+ * Why a holder no longer holds a job. `released`: the job is back in the queue,
+ * unowned, at the holder's fence (given back by release or a retryable fail, and
+ * not claimed since).
+ */
+export type LostReason = 'expired' | 'superseded' | 'released' | 'cancelled' | 'finished' | 'max_runtime' | 'not_found'
 
 // Job-type settings travel as one JSON parameter, so statements join them without per-type SQL.
 const typesJson = (types: JobType[]) => JSON.stringify(types.map((t) => ({
@@ -50,7 +52,7 @@ const typesJson = (types: JobType[]) => JSON.stringify(types.map((t) => ({
  * One statement, so two concurrent starts of one key always get one job id.
  */
 export async function startJob(db: Db, s: { tenant: string; type: string; key: string; payload: unknown; restart: boolean }) {
-  const [row] = await db.sql<{ job_id: string; state: JobView['state']; created: boolean; result: unknown }>`
+  const [row] = await db.sql<{ job_id: string; state: JobState; created: boolean; result: unknown }>`
     WITH started AS (
     INSERT INTO fg_jobs AS j (tenant, type, key, payload, state)
     VALUES (${s.tenant}, ${s.type}, ${s.key}, ${JSON.stringify(s.payload ?? null)}::text::jsonb, 'queued')
@@ -64,13 +66,17 @@ export async function startJob(db: Db, s: { tenant: string; type: string; key: s
           UNION ALL
           SELECT 1, j.state, j.attempt, j.owner, j.lease_until, j.started_at, j.run_after, j.cancel_requested, j.result, j.error, j.error_code, j.finished_at, j.payload, j.cursor_length
         ) AS choice ORDER BY pick LIMIT 1)
-    RETURNING id, state, (xmax = 0) AS created, result, attempt, cursor_length
+    RETURNING id, type, state, (xmax = 0) AS created, result, attempt, cursor_length
     ), cleared AS (
       -- A restarted cycle (attempt and cursor back to 0) starts with no output; a never-run job has none to clear.
       DELETE FROM fg_job_chunks AS c USING started AS s
       WHERE c.job_id = s.id AND ${s.restart}::boolean AND s.state = 'queued' AND s.attempt = 0 AND s.cursor_length = 0
+    ), woken AS (
+      -- Wakes waiting claims (src/leases/wake.ts). NOTIFY is delivered at commit, so no claim wakes before it can see the row.
+      SELECT pg_notify(${jobsChannel}, s.type) FROM started AS s WHERE s.state = 'queued' AND (s.created OR ${s.restart}::boolean)
     )
-    SELECT id::text AS job_id, state, created, result FROM started`
+    -- Joining the count makes the woken CTE run: an unreferenced SELECT in WITH would not.
+    SELECT id::text AS job_id, state, created, result FROM started CROSS JOIN (SELECT count(*) FROM woken) AS w`
   return row!
 }
 
@@ -86,7 +92,7 @@ export async function claimOne(db: Db, c: { tenant: string; workerId: string; ty
     WITH types AS (
       SELECT * FROM jsonb_to_recordset(${typesJson(c.types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     ), candidate AS (
-      SELECT j.id, t.lease_ms, t.max_attempts FROM fg_jobs AS j JOIN types AS t ON t.name = j.type
+      SELECT j.id, t.lease_ms, t.max_attempts, j.state = 'running' AS reclaimed FROM fg_jobs AS j JOIN types AS t ON t.name = j.type
       WHERE j.tenant = ${c.tenant}
         AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
       ORDER BY CASE WHEN j.state = 'running' THEN j.lease_until ELSE j.run_after END, j.id
@@ -104,24 +110,31 @@ export async function claimOne(db: Db, c: { tenant: string; workerId: string; ty
       started_at = now()
     FROM candidate AS c
     WHERE j.id = c.id AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
-    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state,
-              to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until`
+    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state, c.reclaimed, j.cursor_length,
+              to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
+              c.lease_ms::integer AS lease_ms,
+              floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms`
   return row
 }
 
 /**
  * Renews the lease only for this owner and fence, on an unexpired lease of a
  * running job within max_runtime. GREATEST keeps a stored lease from ever
- * shrinking, whatever any clock did.
+ * shrinking, whatever any clock did. `lease_remaining_ms` is the renewed lease
+ * left by the database's now(), computed in the same statement.
  */
 export async function heartbeat(db: Db, h: Holder, types: JobType[]) {
-  const [row] = await db.sql<{ lease_until: string; cancel_requested: boolean }>`
+  // lease_left_ms is for metrics only: the RETURNING subquery reads the row as the statement began (the lease before renewal).
+  const [row] = await db.sql<{ lease_until: string; cancel_requested: boolean; type: string; lease_ms: number; lease_remaining_ms: number; lease_left_ms: number }>`
     UPDATE fg_jobs AS j SET lease_until = GREATEST(j.lease_until, now() + t.lease_ms * interval '1 millisecond')
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
       AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
       AND j.started_at + t.max_runtime_ms * interval '1 millisecond' > now()
-    RETURNING to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until, j.cancel_requested`
+    RETURNING to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until, j.cancel_requested, j.type,
+              t.lease_ms::integer AS lease_ms,
+              floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms,
+              floor(extract(epoch FROM ((SELECT p.lease_until FROM fg_jobs AS p WHERE p.id = j.id) - now())) * 1000)::integer AS lease_left_ms`
   return row
 }
 
@@ -135,18 +148,6 @@ export async function failOverRuntime(db: Db, h: Holder, types: JobType[]): Prom
       AND j.started_at + t.max_runtime_ms * interval '1 millisecond' <= now()
     RETURNING 1`
   return rows.length === 1
-}
-
-/** Explains why a holder's statement matched nothing (read after the fact, for the error only). */
-export async function lostReason(db: Db, h: Holder): Promise<LostReason> {
-  const [row] = await db.sql<{ state: string; owner: string | null; fence: string; live: boolean; cancel_requested: boolean }>`
-    SELECT state, owner, fence::text, coalesce(lease_until > now(), false) AS live, cancel_requested
-    FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}`
-  if (!row) return 'not_found'
-  if (row.state === 'cancelled' || (row.cancel_requested && row.state === 'running')) return 'cancelled'
-  if (row.state === 'succeeded' || row.state === 'failed') return 'finished'
-  if (row.fence !== h.fence || row.owner !== h.workerId) return 'superseded'
-  return 'expired'
 }
 
 /**
@@ -207,6 +208,7 @@ export async function complete(db: Db, h: Holder, result: unknown, audit: { requ
 /** Ends this holder's attempt: back to queued after backoff when retryable and attempts remain, else failed. */
 export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, retryable: boolean) {
   const [row] = await db.sql<{ state: string }>`
+    WITH failed AS (
     UPDATE fg_jobs AS j SET
       state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN ${retryable}::boolean AND j.attempt < t.max_attempts THEN 'queued' ELSE 'failed' END,
       error_code = CASE WHEN j.cancel_requested THEN NULL WHEN NOT ${retryable}::boolean THEN 'not_retryable' WHEN j.attempt >= t.max_attempts THEN 'max_attempts' ELSE NULL END,
@@ -216,7 +218,42 @@ export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, 
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
       AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
-    RETURNING j.state`
+    RETURNING j.state, j.type
+    ), woken AS (
+      -- Back in the queue: wake waiting claims at commit (they find it once its backoff has passed).
+      SELECT pg_notify(${jobsChannel}, type) FROM failed WHERE state = 'queued'
+    )
+    SELECT state FROM failed CROSS JOIN (SELECT count(*) FROM woken) AS w`
+  return row
+}
+
+/**
+ * Gives the job back without ending the attempt as a failure: only this owner and
+ * fence, on an unexpired lease of a running job. The job is claimable at once
+ * (`run_after = now()`) and the attempt is returned (`attempt - 1`), so
+ * max_attempts counts only attempts that failed or expired. The fence stays: the
+ * next claim raises it, so the releaser's token is stale from then on. With a
+ * cancel pending the job ends `cancelled` instead, as a fail would end it.
+ *
+ * @example
+ * const r = await release(db, { tenant: 'default', jobId: '42', workerId: 'w1', fence: '3' }) // undefined: not this holder's
+ */
+export async function release(db: Db, h: Holder) {
+  const [row] = await db.sql<{ state: string; type: string; attempt: number }>`
+    WITH released AS (
+      UPDATE fg_jobs SET
+        state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END,
+        finished_at = CASE WHEN cancel_requested THEN now() END,
+        attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
+        run_after = now(), owner = NULL, lease_until = NULL
+      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'running' AND lease_until > now()
+      RETURNING state, type, attempt
+    ), woken AS (
+      -- Claimable at once: wake waiting claims at commit, as start and a retryable fail do.
+      SELECT pg_notify(${jobsChannel}, type) FROM released WHERE state = 'queued'
+    )
+    SELECT state, type, attempt FROM released CROSS JOIN (SELECT count(*) FROM woken) AS w`
   return row
 }
 
@@ -229,21 +266,6 @@ export async function cancel(db: Db, tenant: string, jobId: string) {
     WHERE id = ${jobId}::bigint AND tenant = ${tenant} AND state IN ('queued', 'running', 'cancelled')
     RETURNING state`
   return row
-}
-
-export async function getJob(db: Db, tenant: string, jobId: string): Promise<JobView | undefined> {
-  const [row] = await db.sql<JobView>`
-    SELECT id::text AS job_id, type, key, state, attempt, fence::text AS fence, owner,
-           CASE WHEN state = 'running' THEN GREATEST(0, floor(extract(epoch FROM (lease_until - now())) * 1000))::bigint::integer END AS remaining_lease_ms,
-           cancel_requested, cursor_length, result, error, error_code
-    FROM fg_jobs WHERE id = ${jobId}::bigint AND tenant = ${tenant}`
-  return row
-}
-
-export async function chunksFrom(db: Db, jobId: string, from: number): Promise<unknown[]> {
-  const rows = await db.sql<{ chunk: unknown }>`
-    SELECT chunk FROM fg_job_chunks WHERE job_id = ${jobId}::bigint AND seq >= ${from} ORDER BY seq LIMIT 1000`
-  return rows.map((r) => r.chunk)
 }
 
 /** The lease statements bound to one database. */
@@ -266,8 +288,11 @@ export function createJobStore(db: Db) {
     append: (h: Holder, seq: number, chunk: unknown) => append(db, h, seq, chunk),
     complete: (h: Holder, result: unknown, audit: Parameters<typeof complete>[3]) => complete(db, h, result, audit),
     fail: (h: Holder, types: JobType[], error: unknown, retryable: boolean) => fail(db, h, types, error, retryable),
+    release: (h: Holder) => release(db, h),
     cancel: (tenant: string, jobId: string) => cancel(db, tenant, jobId),
     getJob: (tenant: string, jobId: string) => getJob(db, tenant, jobId),
     chunksFrom: (jobId: string, from: number) => chunksFrom(db, jobId, from),
+    /** LISTENs for jobs becoming claimable; undefined where the Db cannot listen (claims then poll). */
+    listenForWork: db.listen ? (onType: (type: string) => void, onReconnect: () => void) => db.listen!(jobsChannel, onType, onReconnect) : undefined,
   }
 }
