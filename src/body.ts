@@ -6,7 +6,14 @@ import { FencegateError } from './problems.js'
  * anything is forwarded.
  */
 export async function readBody(request: Request, limit: number): Promise<Uint8Array> {
-  rejectDeclaredOversize(request, limit)
+  if (rejectDeclaredOversize(request, limit)) {
+    // A declared length bounds the body (HTTP framing), so it can be read in one go: on
+    // Node that skips building a Web stream for it. A body longer than it claimed (only
+    // possible for a Request made in-process) is still refused.
+    const bytes = new Uint8Array(await request.arrayBuffer())
+    if (bytes.byteLength > limit) throw tooLarge(limit)
+    return bytes
+  }
   if (!request.body) return new Uint8Array(0)
   const chunks: Uint8Array[] = []
   let size = 0
@@ -59,16 +66,36 @@ export function limitBody(request: Request, limit: number): { body: ReadableStre
   return { body, exceeded: () => over }
 }
 
-function rejectDeclaredOversize(request: Request, limit: number): void {
+/** Refuses a declared length over the limit; true when a length was declared. */
+function rejectDeclaredOversize(request: Request, limit: number): boolean {
   const declared = request.headers.get('content-length')
-  if (declared !== null && /^\d+$/.test(declared) && Number(declared) > limit) throw tooLarge(limit)
+  if (declared === null || !/^\d+$/.test(declared)) return false
+  if (Number(declared) > limit) throw tooLarge(limit)
+  return true
 }
 
 function tooLarge(limit: number): FencegateError {
   return new FencegateError('body_too_large', `the request body exceeds ${limit} bytes`, { limit })
 }
 
-/** Lower-case hex SHA-256, via Web Crypto so it runs on every runtime. */
+/**
+ * A SHA-256 function answering in lower-case hex. The core takes one as a
+ * dependency: Web Crypto (`sha256Hex`) runs everywhere, but in Node each
+ * `crypto.subtle.digest` is a thread-pool job costing ~10x a synchronous
+ * `node:crypto` hash, so Node injects that one (src/node/hash.ts).
+ *
+ * @example
+ * const digest: Digest = sha256Hex
+ * await digest(new TextEncoder().encode('abc')) // 'ba7816bf…'
+ */
+export type Digest = (bytes: Uint8Array) => string | Promise<string>
+
+/**
+ * Lower-case hex SHA-256, via Web Crypto so it runs on every runtime.
+ *
+ * @example
+ * await sha256Hex(new Uint8Array(0)) // 'e3b0c442…'
+ */
 export async function sha256Hex(bytes: Uint8Array): Promise<string> {
   const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes as Uint8Array<ArrayBuffer>))
   let hex = ''

@@ -1,4 +1,4 @@
-import { concatBytes, sha256Hex } from './body.js'
+import { concatBytes, sha256Hex, type Digest } from './body.js'
 import { FencegateError } from './problems.js'
 import type { StoredResponse } from './store/store.js'
 
@@ -37,16 +37,28 @@ export function parseIdempotencyKey(value: string | null): string | undefined {
 
 /**
  * The payload's identity: SHA-256 over method, route name, path, query and the
- * raw body bytes, taken before anything transforms the request. The fence is
- * not part of it, so a new owner retrying the same operation gets the replay.
- * Path and query cannot contain a newline, so the separators are unambiguous.
+ * SHA-256 of the raw body bytes, taken before anything transforms the request.
+ * The body's hash is the one already recorded for the command, so the body is
+ * hashed once. The fence is not part of it, so a new owner retrying the same
+ * operation gets the replay. Path and query cannot contain a newline, route
+ * names cannot either, and the body's hash is 64 hex digits, so the input is
+ * unambiguous.
+ *
+ * @example
+ * await payloadFingerprint('POST', 'capture', '/payments/42/capture', '', await sha256Hex(body))
  */
-export function fingerprint(method: string, route: string, path: string, query: string, body: Uint8Array): Promise<string> {
-  const head = new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n`)
-  const all = new Uint8Array(head.byteLength + body.byteLength)
-  all.set(head)
-  all.set(body, head.byteLength)
-  return sha256Hex(all)
+export async function payloadFingerprint(method: string, route: string, path: string, query: string, bodySha256: string, digest: Digest = sha256Hex): Promise<string> {
+  return digest(new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n${bodySha256}`))
+}
+
+/**
+ * The same fingerprint from the raw body bytes, for callers that have not hashed the body yet.
+ *
+ * @example
+ * await fingerprint('POST', 'capture', '/payments/42/capture', '', new TextEncoder().encode('{}'))
+ */
+export async function fingerprint(method: string, route: string, path: string, query: string, body: Uint8Array, digest: Digest = sha256Hex): Promise<string> {
+  return payloadFingerprint(method, route, path, query, await digest(body), digest)
 }
 
 // Only these describe the result itself; Set-Cookie, Date, hop-by-hop and rate-limit headers never replay.

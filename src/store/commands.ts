@@ -70,14 +70,25 @@ interface ReserveRow {
  * it expired, or when it is an unknown outcome of the same payload on a route
  * with `on_unknown_outcome: retry`; an in-flight record whose lock expired
  * becomes `outcome_unknown`. Stale fences and reused keys are audited in the
- * same statement, so a rejection costs one round trip.
+ * same statement, so a rejection costs one round trip. A duplicate of a
+ * completed key whose fence equals the entity's highest (or that has no
+ * fence) is a replay that moves nothing: it is answered without writing the
+ * fence row or the key's row, so it costs no commit flush.
  */
 export async function reserve(db: Db, c: Command): Promise<Reservation> {
   if (!c.idempotency && !c.leaseJob) return presentFence(db, c)
   const k = c.idempotency
   const leaseJob = c.leaseJob ?? null
   const [row] = await db.sql<ReserveRow>`
-    WITH lease AS (
+    WITH replay AS (
+      -- A completed answer to replay while the fence stays where it is: decided on the
+      -- statement's snapshot and written nowhere, so the commit has nothing to flush.
+      SELECT k.status, k.headers::text AS headers, k.body FROM fg_idempotency AS k
+      WHERE ${leaseJob}::text IS NULL AND k.tenant = ${c.tenant} AND k.key = ${k?.key} AND k.state = 'completed'
+        AND k.fingerprint = ${k?.fingerprint ?? null} AND k.expires_at > now()
+        AND (${c.fence}::bigint IS NULL OR EXISTS (
+          SELECT 1 FROM fg_fences WHERE tenant = ${c.tenant} AND entity = ${c.entity} AND highest_fence = ${c.fence}::bigint))
+    ), lease AS (
       SELECT 1 FROM fg_jobs
       WHERE ${leaseJob}::text IS NOT NULL AND tenant = ${c.tenant} AND id = ${leaseJob}::bigint
         AND fence = ${c.fence}::bigint AND state = 'running' AND lease_until > now() AND NOT cancel_requested
@@ -90,6 +101,7 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
       SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId}
       WHERE ${c.fence}::bigint IS NOT NULL AND (${leaseJob}::text IS NULL OR EXISTS (SELECT 1 FROM lease))
+        AND NOT EXISTS (SELECT 1 FROM replay)
       ON CONFLICT (tenant, entity) DO UPDATE
         SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
             updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
@@ -108,6 +120,7 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
              now() + (${k?.lockMs}::bigint + ${k?.ttlMs}::bigint) * interval '1 millisecond',
              ${k?.ownerToken}, ${c.requestId}
       WHERE ${k?.key}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stale) AND NOT EXISTS (SELECT 1 FROM lease_refused)
+        AND NOT EXISTS (SELECT 1 FROM replay)
       ON CONFLICT (tenant, key) DO UPDATE SET
         (state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
          request_id, attempt, created_at, completed_at, status, headers, body) = (
@@ -143,8 +156,13 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       FROM reserved WHERE NOT owned AND NOT same_payload
       RETURNING id
     )
-    SELECT NOT EXISTS (SELECT 1 FROM lease_refused) AS lease_ok, (SELECT highest_fence::text FROM decided) AS highest, r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
-    FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true`
+    SELECT true AS lease_ok, ${c.fence}::bigint::text AS highest, 'completed' AS state, false AS owned, true AS same_payload,
+           status, headers, body, 0 AS retry_after_ms
+    FROM replay
+    UNION ALL
+    SELECT NOT EXISTS (SELECT 1 FROM lease_refused), (SELECT highest_fence::text FROM decided), r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
+    FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true
+    WHERE NOT EXISTS (SELECT 1 FROM replay)`
   return decide(row!, c)
 }
 
