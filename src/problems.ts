@@ -32,6 +32,10 @@ export const problemCatalog = {
   sequence_conflict: { status: 409, title: 'This chunk does not continue the job output' },
   lease_expired: { status: 409, title: 'The job lease behind this fence has expired' },
   invalid_query: { status: 400, title: 'A query parameter is invalid' },
+  entity_frozen: { status: 423, title: 'An operator has frozen this entity' },
+  entity_busy: { status: 409, title: 'Another command for this entity is still being delivered' },
+  invalid_rule: { status: 422, title: 'The rule is invalid' },
+  rules_version_conflict: { status: 412, title: 'The rules have changed since the version given in If-Match' },
   not_found: { status: 404, title: 'Not found' },
   internal_error: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>
@@ -40,7 +44,7 @@ export const problemCatalog = {
 export type ProblemCode = keyof typeof problemCatalog
 
 /** Extension members a problem may carry next to the RFC 9457 ones. */
-export type ProblemExtras = Record<string, string | number | boolean | null>
+export type ProblemExtras = Record<string, string | number | boolean | null | string[]>
 
 /**
  * The one error base of fencegate. Throw it anywhere in a request; the app's

@@ -78,13 +78,17 @@ export interface RouteMatch { route: Route; params: Record<string, string> }
 
 /**
  * Finds the route for a method and a normalised pathname; params are percent-decoded.
+ * When several routes match, the most specific wins: reading segments left to
+ * right, the first literal segment where another route has a parameter.
  *
  * @example
  * const router = createRouter(config.routes)
  * router.match('POST', '/payments/42/capture') // { route, params: { invoice_id: '42' } }
  */
 export function createRouter(routes: RouteConfig[]) {
-  const compiled = routes.map(compileRoute)
+  // The most specific route wins, so that where a route sits in the file or in the
+  // rules table (which has no order) never decides where a request goes.
+  const compiled = routes.map(compileRoute).sort((a, b) => bySpecificity(a.pattern.segments, b.pattern.segments))
   return {
     routes: compiled,
     match(method: string, pathname: string): RouteMatch | undefined {
@@ -99,6 +103,16 @@ export function createRouter(routes: RouteConfig[]) {
   }
 }
 export type Router = ReturnType<typeof createRouter>
+
+/** Left to right, the first position where one pattern has a literal and the other a parameter decides. */
+function bySpecificity(a: Segment[], b: Segment[]): number {
+  for (let i = 0; i < Math.min(a.length, b.length); i++) {
+    const la = 'literal' in a[i]!
+    const lb = 'literal' in b[i]!
+    if (la !== lb) return la ? -1 : 1
+  }
+  return 0
+}
 
 function matchSegments(pattern: Segment[], segments: string[]): Record<string, string> | undefined {
   const params: Record<string, string> = {}

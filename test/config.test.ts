@@ -76,7 +76,7 @@ describe('parseConfig defaults', () => {
     expect(r.upstream).toEqual({ origin: 'http://127.0.0.1:9001', basePath: '' })
     expect(r).toMatchObject({
       idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, idempotency_wait: 0, on_unknown_outcome: 'fail',
-      transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {},
+      transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {}, attest: false,
     })
   })
 
@@ -483,7 +483,7 @@ describe('${VAR} expansion', () => {
     expect(config.server.host).toBe(value)
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'job_types'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'entity_rules', 'job_types'])
     expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)

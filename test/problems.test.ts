@@ -5,13 +5,16 @@ import { createUndiciForward } from '../src/node/forward.js'
 import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
 import { fingerprint } from '../src/idempotency.js'
 import { createJobStore } from '../src/leases/store.js'
+import { silentLogger } from '../src/log.js'
+import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
+import type { Db } from '../src/store/db.js'
 import type { Command, Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
-type Apps = { store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
 const claimOf = (key: string, fp: string): Command => ({
   tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
@@ -81,6 +84,15 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   sequence_conflict: ({ data }) => claimed(data, 'seq', (id, fence) => data.request(`/_fencegate/jobs/${id}/append`, json({ worker_id: 'w', fence, seq: 5, chunk: 'x' }))),
   lease_expired: ({ data }) => data.request('/render/1', { method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'x-job-id': '424242' } }),
   invalid_query: ({ admin }) => admin.request('/audit?limit=0'),
+  entity_frozen: ({ data }) => data.request('/payments/frozen/capture', fenced('1')),
+  entity_busy: async ({ data, db }) => {
+    await data.request('/serial/1', fenced('1'))
+    // Another gateway holds the entity's delivery slot.
+    await db.sql`UPDATE fg_fences SET inflight_token = 'elsewhere', inflight_until = now() + interval '1 hour' WHERE entity = 'se:1'`
+    return data.request('/serial/1', fenced('1'))
+  },
+  invalid_rule: ({ admin }) => admin.request('/rules/bad', { method: 'PUT', body: '{' }),
+  rules_version_conflict: ({ admin }) => admin.request('/rules/capture', { method: 'DELETE', headers: { 'if-match': '"999"' } }),
   not_found: ({ admin }) => admin.request('/entities/never-seen'),
   internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
 }
@@ -90,6 +102,7 @@ describe('every problem code', () => {
   let broken: TestDb
   let upstream: TestUpstream
   let apps: Apps
+  let registry: RuleRegistry
   const undici = createUndiciForward()
 
   beforeAll(async () => {
@@ -111,23 +124,30 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'tiny', path: '/tiny/:id', entity: 't:{params.id}', idempotency: 'required', max_stored_body: 1 }),
       route(upstream.url, { name: 'render', path: '/render/:id', fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
-    ], { server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }] })
+      route(upstream.url, { name: 'serial', path: '/serial/:id', entity: 'se:{params.id}', ordering: 'serialize', ordering_wait: 10 }),
+    ], {
+      server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }],
+      entity_rules: [{ name: 'freeze', entity_match: 'invoice:frozen', frozen: true }],
+    })
     const authConfig = testConfig([
       route(upstream.url),
       route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
       route(upstream.url, { name: 'scoped', path: '/scoped/:invoice_id', scopes: ['payments:write'] }),
     ], { auth: jwtAuth })
+    registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     apps = {
+      db: t.db,
       store: t.store,
       authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator() }),
       data: createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) }),
-      admin: createAdminApp({ store: t.store }),
+      admin: createAdminApp({ store: t.store, rules: { registry, db: t.db } }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
       // A Forward with a bug of its own: the client must get a bare internal_error.
       faultyData: createApp({ config, store: t.store, forward: async () => { throw new TypeError('secret internal detail') } }),
     }
   })
   afterAll(async () => {
+    await registry?.close()
     await undici.close()
     await upstream?.close()
     await t?.close()
@@ -150,7 +170,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

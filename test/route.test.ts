@@ -281,13 +281,22 @@ describe('createRouter', () => {
     expect(b.params).toEqual({ invoice_id: '2' })
   })
 
-  it('prefers the first declared route when a literal route and a param route both match', () => {
+  it('prefers the more specific route when a literal route and a param route both match, whatever their order', () => {
+    for (const order of [['special', 'any'], ['any', 'special']]) {
+      const defs = {
+        special: { name: 'special', method: 'POST', path: '/payments/special/capture', entity: 'x:{query.id}' },
+        any: { name: 'any', method: 'POST', path: '/payments/:invoice_id/capture', entity: 'x:{params.invoice_id}' },
+      } as const
+      const r = createRouter(routes(...order.map((n) => defs[n as keyof typeof defs])))
+      expect(r.match('POST', '/payments/special/capture')?.route.config.name).toBe('special')
+      expect(r.match('POST', '/payments/other/capture')?.route.config.name).toBe('any')
+    }
+    // Left to right: the first position where one has a literal and the other a parameter decides.
     const r = createRouter(routes(
-      { name: 'special', method: 'POST', path: '/payments/special/capture', entity: 'x:{query.id}' },
-      { name: 'any', method: 'POST', path: '/payments/:invoice_id/capture', entity: 'x:{params.invoice_id}' },
+      { name: 'a', method: 'POST', path: '/a/:x/c', entity: 'x:{params.x}' },
+      { name: 'b', method: 'POST', path: '/a/b/:y', entity: 'x:{params.y}' },
     ))
-    expect(r.match('POST', '/payments/special/capture')?.route.config.name).toBe('special')
-    expect(r.match('POST', '/payments/other/capture')?.route.config.name).toBe('any')
+    expect(r.match('POST', '/a/b/c')?.route.config.name).toBe('b')
   })
 
   it('an empty router matches nothing', () => {

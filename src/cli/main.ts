@@ -4,6 +4,7 @@ import { ConfigError } from '../config/schema.js'
 import { MigrationError } from '../store/migrate.js'
 import { runAudit } from './audit.js'
 import { runMigrate } from './migrate.js'
+import { runBump, runRulesApply, runRulesHistory, runRulesList } from './rules.js'
 import { runServe } from './serve.js'
 import { UsageError } from './usage.js'
 
@@ -12,7 +13,18 @@ interface Command {
   summary: string
   options: NonNullable<ParseArgsConfig['options']>
   help: Record<string, string>
-  run(values: Record<string, string | boolean | undefined>): Promise<number | void>
+  /** Positional arguments, for the usage line (`apply|list|history NAME`); commands without them refuse any. */
+  positionals?: string
+  run(values: Record<string, string | boolean | undefined>, positionals: string[]): Promise<number | void>
+}
+
+const admin = {
+  'admin-url': { type: 'string' },
+  token: { type: 'string' },
+} as const
+const adminHelp = {
+  'admin-url': "the gateway's admin plane (default: FENCEGATE_ADMIN_URL, else http://127.0.0.1:8081)",
+  token: 'bearer token with the fencegate:admin scope (default: FENCEGATE_TOKEN)',
 }
 
 const store = {
@@ -76,6 +88,36 @@ const commands: Record<string, Command> = {
     },
     run: (v) => runAudit(v),
   },
+  rules: {
+    summary: 'list, show the history of, or declaratively apply routes and entity rules',
+    positionals: 'list | history <name> | apply -f <file>',
+    options: { ...admin, file: { type: 'string', short: 'f' }, 'dry-run': { type: 'boolean' }, prune: { type: 'boolean' }, limit: { type: 'string' }, json: { type: 'boolean' } },
+    help: {
+      ...adminHelp,
+      file: 'apply: a YAML file with routes: and entity_rules:, as in the configuration file',
+      'dry-run': 'apply: print the diff and change nothing',
+      prune: 'apply: also delete rules that are not in the file',
+      limit: 'history: versions to show (default 100)',
+      json: 'list, history: print JSON',
+    },
+    run: (v, p) => {
+      const [sub, ...args] = p
+      if (sub === 'list' && args.length === 0) return runRulesList(v)
+      if (sub === 'history' && args.length === 1) return runRulesHistory(v, args[0]!)
+      if (sub === 'apply' && args.length === 0) return runRulesApply(v)
+      throw new UsageError('expected list, history <name> or apply -f <file>')
+    },
+  },
+  entities: {
+    summary: "raise an entity's fence floor (incident response)",
+    positionals: 'bump <entity> --to <fence>',
+    options: { ...admin, to: { type: 'string' }, tenant: { type: 'string' } },
+    help: { ...adminHelp, to: 'the lowest fence that stays valid: every holder of a lower one is rejected from now on', tenant: 'the tenant whose entity it is (default: the token\'s, or default)' },
+    run: (v, p) => {
+      if (p[0] === 'bump' && p.length === 2) return runBump(v, p[1]!)
+      throw new UsageError('expected bump <entity> --to <fence>')
+    },
+  },
 }
 
 function usage(): string {
@@ -86,7 +128,7 @@ function usage(): string {
 }
 
 function commandUsage(name: string, c: Command): string {
-  const lines = [`usage: fencegate ${name} [options]`, '', c.summary, '', 'options:']
+  const lines = [`usage: fencegate ${name}${c.positionals ? ` ${c.positionals}` : ''} [options]`, '', c.summary, '', 'options:']
   for (const [flag, o] of Object.entries(c.options)) {
     const arg = o.type === 'string' ? ' <value>' : ''
     lines.push(`  --${flag}${arg}`.padEnd(28) + (c.help[flag] ?? ''))
@@ -111,8 +153,8 @@ async function main(argv: string[]): Promise<number> {
     return 0
   }
   try {
-    const { values } = parseArgs({ args: rest, options: command.options, strict: true, allowPositionals: false })
-    return (await command.run(values as Record<string, string | boolean | undefined>)) ?? 0
+    const { values, positionals } = parseArgs({ args: rest, options: command.options, strict: true, allowPositionals: command.positionals !== undefined })
+    return (await command.run(values as Record<string, string | boolean | undefined>, positionals)) ?? 0
   } catch (err) {
     if (err instanceof ConfigError || err instanceof MigrationError) {
       console.error(`fencegate ${name}: ${err.message}`)

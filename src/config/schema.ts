@@ -1,6 +1,6 @@
 import { z } from 'zod'
 import { parseDuration, parseSize } from './units.js'
-import { compileEntityTemplate, compilePathPattern, reservedPrefix } from '../route.js'
+import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix } from '../route.js'
 
 // Integers may come from `${VAR}` expansion, which always yields a string.
 const integer = (min: number, max: number, what = 'an integer') => z.union([z.number(), z.string().regex(/^\d+$/, `expected ${what}`)])
@@ -41,8 +41,11 @@ const upstream = z.string().transform((v, ctx) => {
   return { origin: url.origin, basePath: url.pathname.replace(/\/+$/, '') }
 })
 
+// Routes and entity rules share one namespace (the rules API addresses both by name).
+const ruleName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'expected 1-64 letters, digits, _ . -')
+
 export const routeSchema = z.object({
-  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'expected 1-64 letters, digits, _ . -'),
+  name: ruleName,
   method: z.string().transform((m) => m.toUpperCase()).pipe(z.enum(['GET', 'POST', 'PUT', 'PATCH', 'DELETE'])),
   path: z.string().superRefine((p, ctx) => {
     if (p === reservedPrefix.slice(0, -1) || p.startsWith(reservedPrefix)) ctx.addIssue({ code: 'custom', message: `${reservedPrefix} is reserved for fencegate itself` })
@@ -73,8 +76,14 @@ export const routeSchema = z.object({
   scopes: z.array(z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected a scope such as payments:write')).default([]),
   claimed_tenant: z.string().regex(/^(body(\.[^.\s]+)+|header\.[A-Za-z0-9-]+)$/, 'expected body.a.b or header.Name').optional(),
   forward_authorization: z.boolean().default(false),
+  ordering: z.enum(['none', 'serialize']).default('none'),
+  ordering_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).default(5000),
   upstream_headers: z.record(z.string().regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/, 'expected a header name'), z.string().regex(/^[\t\x20-\x7E\x80-\xFF]*$/, 'expected a header value without control characters')).default({}),
+  /** Sign a Fence-Attestation for the upstream (src/attest.ts); needs the gateway's `attestation` section. */
+  attest: z.boolean().default(false),
 }).strict().superRefine((r, ctx) => {
+  // An attestation says a fence check passed; on a route that checks none it would say nothing.
+  if (r.attest && r.fence === 'off') ctx.addIssue({ code: 'custom', path: ['attest'], message: 'attest needs a fence check: set fence to required, optional or lease' })
   if (r.idempotency !== 'off' && r.idempotency_lock <= r.timeout_ms) {
     ctx.addIssue({ code: 'custom', path: ['idempotency_lock'], message: `must exceed timeout_ms (${r.timeout_ms} ms): a lock that ends before the upstream answers would hand the key to a duplicate` })
   }
@@ -94,6 +103,24 @@ export const routeSchema = z.object({
   }
   const missing = entity?.params.find((p) => !pattern.params.includes(p))
   if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
+})
+
+/**
+ * An entity rule: overrides for every entity matching `entity_match`, where `*`
+ * stands for any run of characters (`invoice:*`, `invoice:42`).
+ */
+export const entityRuleSchema = z.object({
+  name: ruleName,
+  entity_match: z.string().min(1).max(maxEntityLength).refine(isStorableText, 'expected text without control characters'),
+  /** Only this tenant's entities; every tenant's when absent. */
+  tenant: z.string().min(1).max(128).optional(),
+  fence: z.enum(['required', 'optional', 'off']).optional(),
+  frozen: z.boolean().default(false),
+  ordering: z.enum(['none', 'serialize']).optional(),
+}).strict().superRefine((r, ctx) => {
+  if (!r.frozen && r.fence === undefined && r.ordering === undefined) {
+    ctx.addIssue({ code: 'custom', message: 'an entity rule must set frozen, fence or ordering' })
+  }
 })
 
 const jwsAlgorithms = ['ES256', 'ES384', 'ES512', 'RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'EdDSA'] as const
@@ -118,6 +145,16 @@ export const authSchema = z.object({
     ctx.addIssue({ code: 'custom', path: ['hs256_secret'], message: 'must be at least 32 bytes' })
   }
 })
+
+/** The key that signs Fence-Attestation headers (docs/attestation.md); the file is read by the runtime's entry. */
+export const attestationSchema = z.object({
+  key_file: z.string().min(1),
+  alg: z.enum(['ES256', 'EdDSA']),
+  kid: z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected 1-128 visible ASCII characters'),
+  // Short: an attestation is checked on arrival, and a leaked one must not stay usable for long.
+  ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(600_000, 'must be at most 10m')).default(60_000),
+  issuer: z.string().min(1).max(256).default('fencegate'),
+}).strict()
 
 export const jobTypeSchema = z.object({
   name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/, 'expected 1-64 letters, digits, _ . : -'),
@@ -151,7 +188,9 @@ export const configSchema = z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),
   }).strict().prefault({}),
   routes: z.array(routeSchema).min(1, 'at least one route is required'),
+  entity_rules: z.array(entityRuleSchema).default([]),
   job_types: z.array(jobTypeSchema).default([]),
+  attestation: attestationSchema.optional(),
 }).strict().superRefine((c, ctx) => {
   const jobTypes = new Set<string>()
   c.job_types.forEach((j, i) => {
@@ -161,27 +200,44 @@ export const configSchema = z.object({
   if (c.auth.mode === 'none' && !loopback.has(c.server.admin_host)) {
     ctx.addIssue({ code: 'custom', path: ['server', 'admin_host'], message: 'without auth the admin plane may only listen on loopback (127.0.0.1, ::1 or localhost)' })
   }
-  c.routes.forEach((r, i) => {
-    if (c.auth.mode === 'none' && r.scopes.length > 0) ctx.addIssue({ code: 'custom', path: ['routes', i, 'scopes'], message: 'scopes need auth.mode: jwt' })
-    if (c.auth.mode === 'none' && r.claimed_tenant) ctx.addIssue({ code: 'custom', path: ['routes', i, 'claimed_tenant'], message: 'claimed_tenant needs auth.mode: jwt' })
+  checkRouteSet(c.routes, c.auth.mode, ctx, c.attestation !== undefined)
+  const names = new Set(c.routes.map((r) => r.name))
+  c.entity_rules.forEach((r, i) => {
+    if (names.has(r.name)) ctx.addIssue({ code: 'custom', path: ['entity_rules', i, 'name'], message: `duplicate rule name ${r.name}` })
+    names.add(r.name)
   })
+})
+
+/**
+ * The checks across routes, shared by the config file and the rules API:
+ * unique names, no two routes matching one request, scopes and claimed
+ * tenants only with authentication, `attest` only with a signing key.
+ */
+export function checkRouteSet(routes: RouteConfig[], authMode: 'none' | 'jwt', ctx: z.RefinementCtx, canAttest: boolean): void {
   const names = new Set<string>()
   const shapes = new Set<string>()
-  c.routes.forEach((r, i) => {
+  routes.forEach((r, i) => {
+    if (authMode === 'none' && r.scopes.length > 0) ctx.addIssue({ code: 'custom', path: ['routes', i, 'scopes'], message: 'scopes need auth.mode: jwt' })
+    if (authMode === 'none' && r.claimed_tenant) ctx.addIssue({ code: 'custom', path: ['routes', i, 'claimed_tenant'], message: 'claimed_tenant needs auth.mode: jwt' })
+    if (r.attest && !canAttest) ctx.addIssue({ code: 'custom', path: ['routes', i, 'attest'], message: "attest needs the gateway's attestation section (its signing key)" })
     if (names.has(r.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name ${r.name}` })
     names.add(r.name)
     const shape = `${r.method} ${r.path.replace(/:[^/]+/g, ':')}`
     if (shapes.has(shape)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'path'], message: `another route already matches ${r.method} ${r.path}` })
     shapes.add(shape)
   })
-})
+}
 
 /** The validated configuration. */
 export type Config = z.output<typeof configSchema>
 /** The validated `auth` section. */
 export type AuthConfig = z.output<typeof authSchema>
+/** The validated `attestation` section. */
+export type AttestationConfig = z.output<typeof attestationSchema>
 /** One validated job type. */
 export type JobType = z.output<typeof jobTypeSchema>
+/** One validated entity rule. */
+export type EntityRuleConfig = z.output<typeof entityRuleSchema>
 /** One validated route. */
 export type RouteConfig = z.output<typeof routeSchema>
 

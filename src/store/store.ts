@@ -1,4 +1,6 @@
 import type { Db } from './db.js'
+import { bumpFence, type Bump, type BumpResult } from './fences.js'
+import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from './ordering.js'
 import {
   complete, getKey, markUnknown, purgeExpired, release, releaseUnknown, reserve,
   type Command, type Held, type KeyState, type Reservation, type StoredResponse,
@@ -62,6 +64,8 @@ export interface EntityState {
   request_id: string
 }
 
+export type { Bump, BumpResult } from './fences.js'
+export type { SlotDecision, SlotRequest } from './ordering.js'
 export type { Command, Held, IdempotencyClaim, KeyState, Reservation, StoredResponse } from './commands.js'
 
 /**
@@ -81,6 +85,11 @@ export interface Store {
   recordRejection(rejection: Rejection): Promise<void>
   listAudit(query: AuditQuery): Promise<AuditItem[]>
   getEntity(tenant: string, entity: string): Promise<EntityState | undefined>
+  /** Raises an entity's fence floor, audited as `fence_bumped` (see fences.ts). */
+  bumpFence(bump: Bump): Promise<BumpResult>
+  /** Takes an entity's delivery slot for `ordering: serialize` (see ordering.ts). */
+  acquireSlot(request: SlotRequest): Promise<SlotDecision>
+  releaseSlot(request: Pick<SlotRequest, 'tenant' | 'entity' | 'token'>): Promise<void>
   /** Resolves when the store answers a trivial query. */
   ping(): Promise<void>
   close(): Promise<void>
@@ -136,6 +145,10 @@ export function createStore(db: Db): Store {
         FROM fg_fences WHERE tenant = ${tenant} AND entity = ${entity}`
       return rows[0]
     },
+
+    bumpFence: (bump) => bumpFence(db, bump),
+    acquireSlot: (request) => acquireSlot(db, request),
+    releaseSlot: (request) => releaseSlot(db, request),
 
     async ping() {
       await db.sql`SELECT 1`

@@ -1,0 +1,46 @@
+import type { EntityRuleConfig } from '../config/schema.js'
+
+/** An entity rule ready to match: its pattern as a regular expression and its specificity. */
+export interface CompiledEntityRule {
+  config: EntityRuleConfig
+  matches: (entity: string) => boolean
+  /** Characters other than `*`: a longer literal part is a more specific pattern. */
+  specificity: number
+}
+
+/** What the entity rules say about one entity of one tenant. */
+export interface EntityPolicy {
+  /** The name of a rule that freezes the entity, if any. */
+  frozenBy?: string
+  fence?: 'required' | 'optional' | 'off'
+  ordering?: 'none' | 'serialize'
+}
+
+/** Compiles `entity_match` globs (`*` is any run of characters, everything else literal), most specific first. */
+export function compileEntityRules(rules: EntityRuleConfig[]): CompiledEntityRule[] {
+  return rules.map((config) => {
+    const pattern = config.entity_match
+    const exact = !pattern.includes('*')
+    const re = new RegExp(`^${pattern.split('*').map((s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('.*')}$`, 's')
+    return { config, matches: exact ? (e: string) => e === pattern : (e: string) => re.test(e), specificity: pattern.replaceAll('*', '').length }
+  }).sort((a, b) => b.specificity - a.specificity || (a.config.name < b.config.name ? -1 : a.config.name > b.config.name ? 1 : 0))
+}
+
+/**
+ * The policy for one entity: frozen when any matching rule freezes it; each
+ * override (fence, ordering) from the most specific matching rule that sets
+ * it (longest literal part, then the name in code-point order).
+ *
+ * @example
+ * entityPolicy(compileEntityRules([{ name: 'f', entity_match: 'invoice:*', frozen: true }]), 'acme', 'invoice:42') // { frozenBy: 'f' }
+ */
+export function entityPolicy(rules: CompiledEntityRule[], tenant: string, entity: string): EntityPolicy {
+  const policy: EntityPolicy = {}
+  for (const r of rules) {
+    if ((r.config.tenant !== undefined && r.config.tenant !== tenant) || !r.matches(entity)) continue
+    if (r.config.frozen && policy.frozenBy === undefined) policy.frozenBy = r.config.name
+    if (r.config.fence !== undefined && policy.fence === undefined) policy.fence = r.config.fence
+    if (r.config.ordering !== undefined && policy.ordering === undefined) policy.ordering = r.config.ordering
+  }
+  return policy
+}

@@ -1,0 +1,162 @@
+import type { Config, EntityRuleConfig, RouteConfig } from '../config/schema.js'
+import type { Logger } from '../log.js'
+import { createRouter, type Router } from '../route.js'
+import type { Db } from '../store/db.js'
+import { storeCode } from '../store/db.js'
+import { compileEntityRules, type CompiledEntityRule } from './entities.js'
+import { entityRuleToRule, normalizeRule, routeToRule, validateRuleSet, type RawRule, type ValidRules } from './schema.js'
+import { canonical, changeRule, readRules, readRulesVersion, rulesChannel, seedRules, type RuleChangeRequest, type RuleChangeResult } from './store.js'
+
+/** Every rule of one version, compiled: what one request is judged by from start to end. */
+export interface RuleSet {
+  version: number
+  router: Router
+  entityRules: CompiledEntityRule[]
+  /** The rules as stored (routes without their upstream credentials). */
+  raw: RawRule[]
+}
+
+/** Where the pipeline gets its rules: one consistent set per request. */
+export interface RuleSource {
+  current(): RuleSet
+}
+
+/**
+ * Compiles validated rules. A route's `upstream_headers` come from the
+ * configuration file by route name, never from the stored rule.
+ */
+export function compileRuleSet(version: number, valid: ValidRules, raw: RawRule[], credentials: ReadonlyMap<string, Record<string, string>>): RuleSet {
+  const routes: RouteConfig[] = valid.routes.map((r) => ({ ...r, upstream_headers: credentials.get(r.name) ?? {} }))
+  return { version, router: createRouter(routes), entityRules: compileEntityRules(valid.entityRules), raw }
+}
+
+/** The file's rules as seeds: canonical raw form, credentials left in the file. */
+export function rulesOfConfig(config: Pick<Config, 'routes' | 'entity_rules'>): RawRule[] {
+  return [...config.routes.map(routeToRule), ...config.entity_rules.map((r: EntityRuleConfig) => entityRuleToRule(r))]
+}
+
+function credentialsOf(config: Config): Map<string, Record<string, string>> {
+  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0).map((r) => [r.name, r.upstream_headers]))
+}
+
+/**
+ * Rules straight from the configuration file, version 0: for runtimes that do
+ * not keep rules in the database (embedding, the Workers entry) and for tests.
+ *
+ * @example
+ * createApp({ config, store, forward, rules: staticRules(config) })
+ */
+export function staticRules(config: Config): RuleSource {
+  const set = compileRuleSet(0, { routes: config.routes, entityRules: config.entity_rules }, rulesOfConfig(config), credentialsOf(config))
+  return { current: () => set }
+}
+
+/** A change made through the admin plane; `validate` is the registry's own. */
+export type RuleEdit = Omit<RuleChangeRequest, 'validate'>
+
+/** Rules kept in the database: seeded from the file, changed at runtime, followed by every instance. */
+export interface RuleRegistry extends RuleSource {
+  /** Validates and stores one change, then uses it at once on this instance. */
+  change(c: RuleEdit): Promise<RuleChangeResult>
+  /** Validates a candidate rule set as a change would (for dry runs). */
+  validate(rules: RawRule[]): ValidRules
+  /** Re-reads the rules when the database has a newer version than the one in use. */
+  refresh(): Promise<void>
+  close(): Promise<void>
+}
+
+export interface RegistryOptions {
+  db: Db
+  config: Config
+  log: Logger
+  /** How often to compare versions when a notification may have been missed; default 1 s. */
+  checkEveryMs?: number
+}
+
+/**
+ * Seeds the file's rules, loads the current set and follows changes: a NOTIFY
+ * on `fencegate_rules` triggers a reload at once, and a periodic version check
+ * catches anything a dropped listen connection missed. A set that fails to
+ * load or validate is logged and the one in use stays: a gateway never runs
+ * half a rule change.
+ *
+ * @example
+ * const rules = await startRuleRegistry({ db, config, log })
+ * const app = createApp({ config, store, forward, rules })
+ */
+export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistry> {
+  const { db, config, log } = o
+  const credentials = credentialsOf(config)
+  const validate = (rules: RawRule[]) => validateRuleSet(rules, config.auth.mode, config.attestation !== undefined)
+  const seeded = await seedRules(db, rulesOfConfig(config), validate)
+  if (seeded.length > 0) log.info('rules_seeded', { names: seeded.join(','), count: seeded.length })
+  const load = async (): Promise<RuleSet> => {
+    const stored = await readRules(db)
+    return compileRuleSet(stored.version, validate(stored.rules), stored.rules, credentials)
+  }
+  let set = await load()
+  warnAboutDrift(set, config, log)
+
+  // One reload at a time; a request for another while one runs re-reads once more afterwards.
+  let running: Promise<void> | undefined
+  let again = false
+  const reload = (): Promise<void> => {
+    if (running) {
+      again = true
+      return running
+    }
+    running = (async () => {
+      do {
+        again = false
+        try {
+          const next = await load()
+          if (next.version > set.version) {
+            set = next
+            log.info('rules_loaded', { rule_version: set.version })
+          }
+        } catch (err) {
+          log.error('rules_reload_failed', { rule_version: set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
+        }
+      } while (again)
+    })().finally(() => (running = undefined))
+    return running
+  }
+
+  // A reconnected listener may have missed notifications: re-read once.
+  const unlisten = db.listen
+    ? await db.listen(rulesChannel, (payload) => {
+      if (Number(payload) > set.version) void reload()
+    }, () => void reload()).catch((err: unknown) => {
+      log.warn('rules_listen_failed', { store_code: storeCode(err) })
+      return undefined
+    })
+    : undefined
+  const timer = setInterval(() => {
+    readRulesVersion(db).then((v) => (v > set.version ? reload() : undefined)).catch(() => {})
+  }, o.checkEveryMs ?? 1000)
+  ;(timer as { unref?: () => void }).unref?.()
+
+  return {
+    current: () => set,
+    validate,
+    async change(c) {
+      const result = await changeRule(db, { ...c, validate })
+      if (result.changed) await reload()
+      return result
+    },
+    refresh: reload,
+    async close() {
+      clearInterval(timer)
+      await unlisten?.()
+    },
+  }
+}
+
+/** The database wins over the file; say so when they differ, by name only. */
+function warnAboutDrift(set: RuleSet, config: Config, log: Logger): void {
+  const stored = new Map(set.raw.map((r) => [r.name, canonical(normalizeRule(r))]))
+  for (const rule of rulesOfConfig(config)) {
+    const current = stored.get(rule.name)
+    if (current !== canonical(rule)) log.warn('rule_differs_from_file', { rule: rule.name, rule_version: set.version, in_database: current !== undefined })
+  }
+}

@@ -1,0 +1,251 @@
+import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import type { Config } from '../src/config/schema.js'
+import type { LogFields, Logger } from '../src/log.js'
+import { ruleChangedSchema, ruleDeletedSchema, ruleHistorySchema, ruleOneSchema, ruleSetSchema } from '../src/openapi.js'
+import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
+import { backends, type TestDb } from './helpers/backends.js'
+import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+/** A logger that keeps every line, to assert on events and fields. */
+function memoryLog(): Logger & { lines: { event: string; fields: LogFields }[] } {
+  const lines: { event: string; fields: LogFields }[] = []
+  const at = (event: string, fields: LogFields = {}) => void lines.push({ event, fields })
+  return { lines, debug: at, info: at, warn: at, error: at }
+}
+
+const admin = (base: string, path: string, init: { method?: string; body?: unknown; headers?: Record<string, string> } = {}) =>
+  fetch(base + path, {
+    method: init.method ?? 'GET',
+    headers: { 'content-type': 'application/json', ...init.headers },
+    ...(init.body === undefined ? {} : { body: typeof init.body === 'string' ? init.body : JSON.stringify(init.body) }),
+  }).then(async (res) => ({ status: res.status, headers: res.headers, json: await res.json() as any }))
+
+describe.each(backends())('rules at runtime ($name)', (backend) => {
+  let t: TestDb
+  let upstream: TestUpstream
+  let config: Config
+  let registry: RuleRegistry
+  let gw: TestGateway
+  let log: ReturnType<typeof memoryLog>
+
+  async function start(c: Config = config) {
+    log = memoryLog()
+    registry = await startRuleRegistry({ db: t.db, config: c, log })
+    gw = await startTestGateway({ config: c, store: t.store, log, rules: { registry, db: t.db } })
+  }
+  async function stop() {
+    await gw.close()
+    await registry.close()
+  }
+
+  beforeEach(async () => {
+    t = await backend.open()
+    upstream = await startUpstream()
+    config = testConfig([
+      route(upstream.url, { upstream_headers: { Authorization: 'Bearer file-only-secret' } }),
+      route(upstream.url, { name: 'tickets', path: '/tickets/:id', entity: 'ticket:{params.id}', fence: 'optional' }),
+    ])
+    await start()
+  })
+  afterEach(async () => {
+    await stop()
+    await upstream.close()
+    await t.close()
+  })
+
+  it('seeds the file rules as versions, without the upstream credentials', async () => {
+    const res = await admin(gw.adminUrl, '/rules')
+    expect(res.status).toBe(200)
+    expect(res.json.version).toBe(2)
+    expect(res.headers.get('etag')).toBe('"2"')
+    expect(res.json.rules.map((r: { name: string }) => r.name)).toEqual(['capture', 'tickets'])
+    expect(JSON.stringify(res.json)).not.toContain('file-only-secret')
+    expect(JSON.stringify(res.json.rules[0])).not.toContain('upstream_headers')
+    // The credentials still reach the upstream: the file applies them by route name.
+    expect((await post(`${gw.url}/payments/1/capture`, '1')).status).toBe(200)
+    expect(upstream.received[0]!.headers.authorization).toBe('Bearer file-only-secret')
+  })
+
+  it('applies a new route at once on the instance that took the change, and records who and when', async () => {
+    expect((await post(`${gw.url}/refunds/7`, '1')).status).toBe(404)
+    const put = await admin(gw.adminUrl, '/rules/refunds', { method: 'PUT', body: route(upstream.url, { name: 'refunds', path: '/refunds/:invoice_id' }) })
+    expect(put.status).toBe(200)
+    expect(put.json).toMatchObject({ name: 'refunds', version: 3, changed: true })
+    const res = await post(`${gw.url}/refunds/7`, '1')
+    expect(res.status).toBe(200)
+    expect(log.lines.find((l) => l.event === 'request' && l.fields.route === 'refunds')?.fields.rule_version).toBe(3)
+    const history = await admin(gw.adminUrl, '/rules/refunds/history')
+    expect(history.json.items).toEqual([expect.objectContaining({ version: 3, name: 'refunds', kind: 'route', source: 'api', changed_at: expect.stringMatching(/Z$/) })])
+    // The answers are the ones the OpenAPI document describes.
+    expect(ruleChangedSchema.parse(put.json)).toBeTruthy()
+    expect(ruleHistorySchema.parse(history.json)).toBeTruthy()
+    expect(ruleSetSchema.parse((await admin(gw.adminUrl, '/rules')).json)).toBeTruthy()
+    expect(ruleOneSchema.parse((await admin(gw.adminUrl, '/rules/refunds')).json)).toBeTruthy()
+    expect(ruleDeletedSchema.parse((await admin(gw.adminUrl, '/rules/refunds', { method: 'DELETE' })).json)).toBeTruthy()
+  })
+
+  it('answers an unchanged rule without a new version', async () => {
+    const rule = (await admin(gw.adminUrl, '/rules/tickets')).json.rule
+    const again = await admin(gw.adminUrl, '/rules/tickets', { method: 'PUT', body: rule })
+    expect(again.json).toMatchObject({ version: 2, changed: false })
+  })
+
+  it.each([
+    ['a field the schema refuses', { fence: 'sometimes' }, 'fence'],
+    ['upstream credentials', { upstream_headers: { Authorization: 'Bearer x' } }, 'upstream_headers'],
+    ['a second route for the same requests', { path: '/payments/:other/capture', entity: 'invoice:{params.other}' }, 'another route already matches'],
+    ['an entity template naming a missing param', { entity: 'invoice:{params.nope}' }, 'params.nope'],
+  ])('refuses %s with 422 invalid_rule and changes nothing', async (_what, override, mentions) => {
+    const res = await admin(gw.adminUrl, '/rules/bad', { method: 'PUT', body: route(upstream.url, { name: 'bad', ...override }) })
+    expect(res.status).toBe(422)
+    expect(res.json.code).toBe('invalid_rule')
+    expect(res.json.problems.join('\n')).toContain(mentions)
+    expect((await admin(gw.adminUrl, '/rules')).json.version).toBe(2)
+  })
+
+  it.each([
+    ['not JSON', '{'],
+    ['an array', '[]'],
+    ['another name than the path', JSON.stringify({ name: 'other' })],
+  ])('refuses a body that is %s', async (_what, body) => {
+    const res = await admin(gw.adminUrl, '/rules/bad', { method: 'PUT', body })
+    expect(res.status).toBe(422)
+    expect(res.json.code).toBe('invalid_rule')
+  })
+
+  it('refuses a change based on an older version (If-Match) with 412', async () => {
+    const res = await admin(gw.adminUrl, '/rules/tickets', { method: 'DELETE', headers: { 'if-match': '"1"' } })
+    expect(res.status).toBe(412)
+    expect(res.json).toMatchObject({ code: 'rules_version_conflict', version: 2 })
+    const ok = await admin(gw.adminUrl, '/rules/tickets', { method: 'DELETE', headers: { 'if-match': '"2"' } })
+    expect(ok.json).toMatchObject({ version: 3, deleted: true })
+  })
+
+  it('deletes a route, and a restart with the same file does not bring it back', async () => {
+    expect((await admin(gw.adminUrl, '/rules/tickets', { method: 'DELETE' })).status).toBe(200)
+    expect((await post(`${gw.url}/tickets/1`)).status).toBe(404)
+    expect((await admin(gw.adminUrl, '/rules/tickets', { method: 'DELETE' })).status).toBe(404)
+    await stop()
+    await start()
+    expect((await post(`${gw.url}/tickets/1`)).status).toBe(404)
+    expect(log.lines.some((l) => l.event === 'rule_differs_from_file' && l.fields.rule === 'tickets')).toBe(true)
+    const history = (await admin(gw.adminUrl, '/rules/tickets/history')).json.items
+    expect(history.map((h: { version: number; rule: unknown }) => [h.version, h.rule === null])).toEqual([[3, true], [2, false]])
+  })
+
+  it('updates a rule that came from the file when the file changes, but keeps an operator change', async () => {
+    await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(upstream.url, { timeout_ms: 1234 }) })
+    await stop()
+    await start(testConfig([
+      route(upstream.url, { timeout_ms: 9999 }),
+      route(upstream.url, { name: 'tickets', path: '/tickets/:id', entity: 'ticket:{params.id}', fence: 'required' }),
+    ]))
+    const rules = (await admin(gw.adminUrl, '/rules')).json.rules as { name: string; timeout_ms: number; fence: string }[]
+    expect(rules.find((r) => r.name === 'capture')!.timeout_ms).toBe(1234)
+    expect(rules.find((r) => r.name === 'tickets')!.fence).toBe('required')
+  })
+
+  it('serialises concurrent changes: of 20 routes claiming the same requests exactly one is accepted', async () => {
+    const results = await Promise.all(Array.from({ length: 20 }, (_, i) =>
+      admin(gw.adminUrl, `/rules/r${i}`, { method: 'PUT', body: route(upstream.url, { name: `r${i}`, path: '/same/:invoice_id' }) })))
+    expect(results.filter((r) => r.status === 200)).toHaveLength(1)
+    expect(results.filter((r) => r.status === 422)).toHaveLength(19)
+    expect((await admin(gw.adminUrl, '/rules')).json.version).toBe(3)
+  })
+
+  it('freezes an entity by pattern: 423 entity_frozen, audited, nothing forwarded; unfreezing lets it through', async () => {
+    await admin(gw.adminUrl, '/rules/freeze', { method: 'PUT', body: { entity_match: 'invoice:4*', frozen: true } })
+    const res = await post(`${gw.url}/payments/42/capture`, '5')
+    expect(res.status).toBe(423)
+    expect(res.json).toMatchObject({ code: 'entity_frozen', entity: 'invoice:42', rule: 'freeze' })
+    expect((await post(`${gw.url}/payments/42/capture`)).status).toBe(423)
+    expect((await post(`${gw.url}/payments/52/capture`, '5')).status).toBe(200)
+    expect(upstream.received.map((r) => r.path)).toEqual(['/payments/52/capture'])
+    const audit = (await admin(gw.adminUrl, '/audit?code=entity_frozen')).json.items
+    expect(audit).toEqual([expect.objectContaining({ entity: 'invoice:42', code: 'entity_frozen' }), expect.objectContaining({ entity: 'invoice:42' })])
+    await admin(gw.adminUrl, '/rules/freeze', { method: 'DELETE' })
+    expect((await post(`${gw.url}/payments/42/capture`, '5')).status).toBe(200)
+  })
+
+  it('refuses a frozen entity even a replay of a completed key', async () => {
+    const keyed = { headers: { 'idempotency-key': 'done' } }
+    await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(upstream.url, { idempotency: 'optional' }) })
+    expect((await post(`${gw.url}/payments/42/capture`, '5', keyed)).status).toBe(200)
+    await admin(gw.adminUrl, '/rules/freeze', { method: 'PUT', body: { entity_match: 'invoice:42', frozen: true } })
+    expect((await post(`${gw.url}/payments/42/capture`, '5', keyed)).status).toBe(423)
+  })
+
+  it('keeps the rules in use when a newer version cannot be loaded, and says so', async () => {
+    await t.db.sql`INSERT INTO fg_rule_versions (version, name, kind, rule, source) VALUES (3, 'broken', 'route', '{"name": "broken", "method": "FETCH"}'::jsonb, 'api')`
+    await registry.refresh()
+    expect(registry.current().version).toBe(2)
+    expect(log.lines.some((l) => l.event === 'rules_reload_failed')).toBe(true)
+    expect((await post(`${gw.url}/payments/1/capture`, '1')).status).toBe(200)
+  })
+
+  it('finds a change by the periodic version check when no notification arrives', async () => {
+    // A Db without listen: only the version check can bring the change.
+    const deaf = await startRuleRegistry({ db: { ...t.db, listen: undefined }, config, log: memoryLog(), checkEveryMs: 10 })
+    try {
+      await registry.change({ name: 'freeze', rule: { name: 'freeze', entity_match: 'x:*', frozen: true }, changedBy: null, source: 'api' })
+      await new Promise<void>((resolve) => {
+        const poll = () => (deaf.current().version === 3 ? resolve() : void setTimeout(poll, 5))
+        poll()
+      })
+      expect(deaf.current().entityRules).toHaveLength(1)
+    } finally {
+      await deaf.close()
+    }
+  })
+
+  it('freezes only the named tenant when a rule names one', async () => {
+    await admin(gw.adminUrl, '/rules/freeze', { method: 'PUT', body: { entity_match: 'invoice:*', tenant: 'other', frozen: true } })
+    expect((await post(`${gw.url}/payments/42/capture`, '5')).status).toBe(200)
+  })
+
+  it('overrides the fence mode for matching entities, the most specific rule winning', async () => {
+    await admin(gw.adminUrl, '/rules/vip', { method: 'PUT', body: { entity_match: 'ticket:vip-*', fence: 'required' } })
+    await admin(gw.adminUrl, '/rules/vip-gold', { method: 'PUT', body: { entity_match: 'ticket:vip-gold-*', fence: 'optional' } })
+    expect((await post(`${gw.url}/tickets/plain`)).status).toBe(200)
+    const vip = await post(`${gw.url}/tickets/vip-1`)
+    expect(vip.status).toBe(428)
+    expect(vip.json.code).toBe('fence_required')
+    expect((await post(`${gw.url}/tickets/vip-gold-1`)).status).toBe(200)
+  })
+
+  it('refuses an entity rule that sets nothing, and a name a route already has', async () => {
+    expect((await admin(gw.adminUrl, '/rules/idle', { method: 'PUT', body: { entity_match: 'x:*' } })).json.code).toBe('invalid_rule')
+    const clash = await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: { entity_match: 'x:*', frozen: true } })
+    expect(clash.status).toBe(200)
+    // The route of that name was replaced by the entity rule: one namespace, one rule per name.
+    expect((await post(`${gw.url}/payments/1/capture`, '1')).status).toBe(404)
+  })
+})
+
+describe('rules across gateway instances (postgres)', () => {
+  const pg = backends().find((b) => b.name === 'postgres')
+  it.skipIf(!pg)('a change made on one instance is applied by another through NOTIFY alone', async () => {
+    const t = await pg!.open()
+    const upstream = await startUpstream()
+    const config = testConfig([route(upstream.url)])
+    // The periodic check is an hour away: only the notification can deliver the change in time.
+    const a = await startRuleRegistry({ db: t.db, config, log: memoryLog(), checkEveryMs: 3_600_000 })
+    const b = await startRuleRegistry({ db: t.db, config, log: memoryLog(), checkEveryMs: 3_600_000 })
+    try {
+      expect(b.current().version).toBe(1)
+      const changed = new Promise<void>((resolve) => {
+        const poll = () => (b.current().version === 2 ? resolve() : void setTimeout(poll, 5))
+        poll()
+      })
+      await a.change({ name: 'freeze', rule: { name: 'freeze', entity_match: 'invoice:1', frozen: true }, changedBy: 'ops', source: 'api' })
+      await changed
+      expect(b.current().entityRules.map((r) => r.config.name)).toEqual(['freeze'])
+    } finally {
+      await a.close()
+      await b.close()
+      await upstream.close()
+      await t.close()
+    }
+  })
+})
