@@ -1,3 +1,4 @@
+import { attestationHeader } from './attest.js'
 import type { RouteConfig } from './config/schema.js'
 
 /** What the pipeline hands to a Forward: the destination is always the route's upstream. */
@@ -49,7 +50,10 @@ function withoutHopByHop(source: Headers): Headers {
 
 /** Headers to send upstream: the client's minus hop-by-hop ones (the Forward sets length and host). */
 export function upstreamRequestHeaders(inbound: Headers): Headers {
-  return withoutHopByHop(inbound)
+  const out = withoutHopByHop(inbound)
+  // Only the gateway attests that a fence check passed: a client's own would be a forgery.
+  out.delete(attestationHeader)
+  return out
 }
 
 /** Headers to return to the client: the upstream's minus hop-by-hop ones, keeping its Content-Length. */
