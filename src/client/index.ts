@@ -1,0 +1,17 @@
+/**
+ * The fencegate worker SDK (`fencegate/client`): claim jobs, keep their leases,
+ * fence every side effect, stop when the lease is lost. Runtime-neutral: it
+ * needs only fetch, AbortController and timers.
+ *
+ * @example
+ * import { FencegateClient } from 'fencegate/client'
+ * const client = new FencegateClient({ baseUrl: 'http://127.0.0.1:8080' })
+ * await client.work({ types: ['report'], signal }, async (job, lease) => ({ done: job.id, fence: lease.fence }))
+ */
+export { FencegateClient } from './client.js'
+export type { ClaimOptions, FencegateClientOptions, Handler, Job, WorkEvent, WorkOptions } from './client.js'
+export { FencegateClientError, GatewayUnreachable, JobCancelled, LeaseLost, OwnershipUnknown, PermanentFailure, ProblemError } from './errors.js'
+export type { LostReason } from './errors.js'
+export type { FetchLike } from './http.js'
+export { Lease } from './lease.js'
+export type { Ownership, StepOptions } from './types.js'
