@@ -14,6 +14,9 @@ import { cpuBetween, cpuSeconds, freePort, isHealthy, machineCpu, memoryKiB, pos
 import { report, type Measured, type PassEnd } from './report.js'
 import { prepareStore, type BenchStore } from './store.js'
 
+// `npm run bench -- leases` is the lease service's own bench (bench/leases.ts); the rest of this file never runs then.
+if (process.argv[2] === 'leases') process.exit(await (await import('./leases.js')).runLeasesBench(process.argv.slice(3)))
+
 export interface Scenario {
   name: ScenarioName
   what: string

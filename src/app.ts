@@ -1,13 +1,17 @@
 import { Hono } from 'hono'
+import type { AttestationSigner } from './attest.js'
+import type { Digest } from './body.js'
 import type { Config } from './config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from './identity.js'
 import { createJobsApp, jobsPath } from './leases/api.js'
 import type { JobStore } from './leases/store.js'
+import type { ClaimWake } from './leases/wake.js'
 import { silentLogger, type Logger } from './log.js'
+import { noMetrics, type Metrics } from './metrics.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
-import { createRouter } from './route.js'
+import { staticRules, type RuleSource } from './rules/registry.js'
 import { StoreError, storeCode } from './store/db.js'
 import type { Store } from './store/store.js'
 
@@ -18,9 +22,19 @@ export interface AppDeps {
   forward: Forward
   /** The lease service's statements; without them `/_fencegate/jobs` is not served. */
   jobs?: JobStore
+  /** Wakes waiting claims; defaults to one LISTEN through `jobs.listenForWork` with a 1 s fallback tick. */
+  claimWake?: ClaimWake
   /** Defaults to no authentication: every request is tenant `default`. */
   authenticate?: Authenticate
   log?: Logger
+  /** The rules requests are judged by; defaults to the configuration file's, as version 0 (src/rules/registry.ts). */
+  rules?: RuleSource
+  /** Defaults to recording nothing; Node passes prom-client metrics (src/node/metrics.ts). */
+  metrics?: Metrics
+  /** SHA-256 in hex; defaults to Web Crypto, Node passes node:crypto's (src/node/hash.ts). */
+  digest?: Digest
+  /** Signs `Fence-Attestation` (src/attest.ts); required when a route has `attest: true`. */
+  attest?: AttestationSigner
 }
 
 export type AppEnv = { Variables: { requestId: string } }
@@ -43,13 +57,17 @@ export function requestIdOf(request: Request): string {
  */
 export function createApp(deps: AppDeps): Hono<AppEnv> {
   const log = deps.log ?? silentLogger
-  const handle = createPipeline({ ...deps, authenticate: deps.authenticate ?? noAuthentication, router: createRouter(deps.config.routes), log })
+  const metrics = deps.metrics ?? noMetrics
+  const rules = deps.rules ?? staticRules(deps.config)
+  const handle = createPipeline({ ...deps, authenticate: deps.authenticate ?? noAuthentication, rules, log, metrics })
   const app = new Hono<AppEnv>()
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))
     await next()
+    // The pipeline and problems set it themselves; this covers the job API's own answers.
+    if (!c.res.headers.has('x-request-id')) c.header('x-request-id', c.get('requestId'))
   })
-  if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log }))
+  if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log, wake: deps.claimWake, metrics }))
   app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
   // The pipeline renders its own failures; this also covers the job API.
   app.onError((err, c) => {

@@ -3,19 +3,25 @@ import { readFileSync } from 'node:fs'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from './admin.js'
+import { createAttestationSigner, type AttestationSigner } from './attest.js'
 import { createApp, requestIdOf } from './app.js'
-import type { AuthConfig, Config } from './config/schema.js'
+import { ConfigError, type AuthConfig, type Config } from './config/schema.js'
 import { createAuthenticator, type VerificationKeys } from './identity.js'
 import { createJobStore } from './leases/store.js'
 import { unsafeTarget } from './node/target.js'
-import { createLogger, type Logger } from './log.js'
+import type { Logger } from './log.js'
+import { instrument, readStoreGauges } from './metrics.js'
+import { createPinoLogger } from './node/log.js'
+import { createPromMetrics } from './node/metrics.js'
 import { createUndiciForward } from './node/forward.js'
-import type { Db } from './store/db.js'
+import { nodeSha256Hex } from './node/hash.js'
+import { storeCode, type Db } from './store/db.js'
 import { migrate } from './store/migrate.js'
 import { loadMigrations } from './store/migrations-fs.js'
 import { openPglite } from './store/pglite.js'
 import { connectPostgres } from './store/postgres.js'
 import { createStore, type Store } from './store/store.js'
+import { startRuleRegistry, type RuleRegistry } from './rules/registry.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -50,16 +56,35 @@ export interface RunningGateway {
  * const gw = await startGateway({ config, databaseUrl: process.env.DATABASE_URL })
  * console.log(gw.dataUrl)
  */
-export async function startGateway(options: { config: Config; databaseUrl?: string; log?: Logger }): Promise<RunningGateway> {
+export async function startGateway(options: {
+  config: Config
+  databaseUrl?: string
+  log?: Logger
+  /** How often the rules' version is checked when a notification was missed (default 1 s). */
+  rulesCheckEveryMs?: number
+}): Promise<RunningGateway> {
   const { config } = options
-  const log = options.log ?? createLogger(config.log.level)
+  const log = options.log ?? createPinoLogger(config.log.level)
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
+  const attest = await attestationSigner(config)
   const db = await openDb(options.databaseUrl, config.store.data_dir)
-  const store = createStore(db)
+  const metrics = createPromMetrics({
+    readGauges: () => readStoreGauges(db),
+    ruleVersion: () => rules.current().version,
+    onGaugeError: (err) => log.warn('metrics_gauges_failed', { store_code: storeCode(err) }),
+  })
+  const store = instrument(createStore(db), metrics)
+  let rules: RuleRegistry
+  try {
+    rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })
+  } catch (err) {
+    await store.close()
+    throw err
+  }
   const upstream = createUndiciForward()
-  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: createJobStore(db), log })
-  const admin = createAdminApp({ store, authenticate })
+  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: instrument(createJobStore(db), metrics), log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
+  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, metrics, exposition: metrics })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined
   try {
@@ -68,6 +93,7 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
   } catch (err) {
     data?.close()
     await upstream.close()
+    await rules.close()
     await store.close()
     throw err
   }
@@ -87,6 +113,7 @@ export async function startGateway(options: { config: Config; databaseUrl?: stri
       clearInterval(purge)
       await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
       await upstream.close()
+      await rules.close()
       await store.close()
     },
   }
@@ -104,6 +131,18 @@ export function verificationKeys(auth: AuthConfig): VerificationKeys {
   if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url }
   if (auth.public_keys) return { kind: 'public', keys: auth.public_keys.map((k) => ({ pem: readFileSync(k.file, 'utf8'), alg: k.alg })) }
   return { kind: 'hmac', secret: auth.hs256_secret ?? '' }
+}
+
+/** The signer of `Fence-Attestation`, from `attestation.key_file`; undefined without an `attestation` section. */
+export async function attestationSigner(config: Pick<Config, 'attestation'>): Promise<AttestationSigner | undefined> {
+  if (!config.attestation) return undefined
+  let pem: string
+  try {
+    pem = readFileSync(config.attestation.key_file, 'utf8')
+  } catch (err) {
+    throw new ConfigError([`attestation.key_file: cannot read ${config.attestation.key_file} (${(err as { code?: string }).code ?? 'error'})`])
+  }
+  return createAttestationSigner(config.attestation, pem)
 }
 
 /** Serves a Hono app's fetch on Node, with the raw-target guard. */

@@ -1,23 +1,34 @@
-import { limitBody, readBody, sha256Hex } from './body.js'
+import { attestationHeader, attestCommand, type AttestationSigner } from './attest.js'
+import { limitBody, readBody, sha256Hex, type Digest } from './body.js'
 import type { Config } from './config/schema.js'
 import { fenceHeader, parseFence, staleFenceError } from './fence.js'
 import { clientResponseHeaders, ForwardError, upstreamRequestHeaders, type Forward } from './forward.js'
-import { fingerprint, idempotencyHeader, parseIdempotencyKey, replayResponse } from './idempotency.js'
+import { idempotencyHeader, parseIdempotencyKey, payloadFingerprint, replayResponse } from './idempotency.js'
 import { requireScopes, type Authenticate, type Identity } from './identity.js'
 import type { Logger } from './log.js'
+import type { Metrics, RequestOutcome } from './metrics.js'
 import { logged, settleResponse, waitForOutcome } from './outcome.js'
-import { FencegateError } from './problems.js'
-import { resolveEntity, type Route, type Router } from './route.js'
+import { FencegateError, type ProblemCode } from './problems.js'
+import { checkClaimedTenant, commandPolicy, entitySources, leaseJobOf, type CommandPolicy } from './command.js'
+import { resolveEntity, type Route } from './route.js'
+import { giveSlotBack, takeSlot } from './ordering.js'
+import type { RuleSet, RuleSource } from './rules/registry.js'
 import { StoreError, storeCode } from './store/db.js'
 import type { Command, Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
 
 export interface PipelineDeps {
   config: Config
-  router: Router
+  /** Read once per request: a request is judged by one rule version from start to end. */
+  rules: RuleSource
   store: Store
   forward: Forward
   authenticate: Authenticate
   log: Logger
+  metrics: Metrics
+  /** SHA-256 for the body, the key and the fingerprint; Web Crypto unless the runtime injects a faster one. */
+  digest?: Digest
+  /** Signs `Fence-Attestation` for routes with `attest: true`; absent when the gateway has no attestation key. */
+  attest?: AttestationSigner
 }
 
 /** What the pipeline learned about a request; logged once per decision, never with a body. */
@@ -32,9 +43,18 @@ export interface Trace {
   key?: string
   keySha256?: string
   bodySha256?: string | null
+  ruleVersion?: number
+  /** The delivery order the route or an entity rule asks for. */
+  ordering?: 'none' | 'serialize'
+  /** Milliseconds spent in store statements and in the forward step, for the decision's log line. */
+  storeMs?: number
+  upstreamMs?: number
 }
 
 type Body = Uint8Array | ReadableStream<Uint8Array> | null
+
+// A delivery slot outlives the upstream timeout a little, so it never frees before the forward gave up.
+const slotMarginMs = 1000
 
 /**
  * The data-plane request pipeline, top to bottom:
@@ -43,8 +63,9 @@ type Body = Uint8Array | ReadableStream<Uint8Array> | null
  * Every error it throws is a FencegateError that the app renders as problem+json.
  */
 export function createPipeline(deps: PipelineDeps) {
-  const { config, router, store, forward, authenticate, log } = deps
+  const { config, rules: ruleSource, store, forward, authenticate, log, metrics } = deps
   const bodyLimit = config.server.max_request_body
+  const digest = deps.digest ?? sha256Hex
 
   return async function handle(request: Request, requestId: string): Promise<Response> {
     const started = performance.now()
@@ -52,7 +73,9 @@ export function createPipeline(deps: PipelineDeps) {
     const trace: Trace = { requestId, method: request.method, path: url.pathname }
     try {
       // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
-      const match = router.match(request.method, url.pathname)
+      const rules = ruleSource.current()
+      trace.ruleVersion = rules.version
+      const match = rules.router.match(request.method, url.pathname)
       if (!match) throw new FencegateError('no_route', `no route for ${request.method} ${url.pathname}`)
       const { route, params } = match
       const rc = route.config
@@ -69,7 +92,7 @@ export function createPipeline(deps: PipelineDeps) {
       if (checked) {
         body = await audited(trace, async () => {
           const bytes = await readBody(request, bodyLimit)
-          trace.bodySha256 = await sha256Hex(bytes)
+          trace.bodySha256 = await digest(bytes)
           return bytes
         })
       } else {
@@ -81,14 +104,14 @@ export function createPipeline(deps: PipelineDeps) {
       // 4. Fence and key: parse both, resolve the entity, then reserve in one statement.
       let held: Held | undefined
       if (checked) {
-        const claim = await audited(trace, () => parseCommand(request, url, params, body as Uint8Array, trace))
+        const claim = await audited(trace, () => parseCommand(request, url, params, body as Uint8Array, trace, rules))
         if (trace.fence !== undefined || claim) {
           const command: Command = {
             tenant: trace.identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
             method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
             caller: trace.identity.caller, requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
           }
-          const early = await answerReservation(await store.reserve(command), command, trace)
+          const early = await answerReservation(await reserve(command, trace), command, trace)
           if (early) {
             logDecision(trace, 'replayed', early.status, started)
             return early
@@ -97,8 +120,28 @@ export function createPipeline(deps: PipelineDeps) {
         }
       }
 
+      // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
+      const slot = trace.ordering === 'serialize' && trace.fence !== undefined && trace.entity !== undefined
+        ? { tenant: trace.identity.tenant, entity: trace.entity, fence: trace.fence, token: crypto.randomUUID(), holdMs: rc.timeout_ms + slotMarginMs }
+        : undefined
+      if (slot) {
+        try {
+          await audited(trace, () => takeSlot(store, slot, rc.ordering_wait))
+        } catch (err) {
+          // Nothing was sent: the key is free for the next attempt.
+          if (held) await logged(log, requestId, 'release', () => store.release(held!))
+          throw err
+        }
+      }
+
       // 5. Forward to the route's upstream; the target path is the one that matched.
-      const upstream = await forwardUpstream(request, url, route, body, bodyExceeded, requestId, held)
+      let upstream: Response
+      try {
+        upstream = await timed(trace, 'upstreamMs', () => forwardUpstream(request, url, route, body, bodyExceeded, requestId, held, trace))
+      } finally {
+        // The upstream has answered (or failed): the next command for this entity may go.
+        if (slot) await giveSlotBack(store, log, requestId, slot)
+      }
 
       // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
       const headers = clientResponseHeaders(upstream.headers)
@@ -118,29 +161,46 @@ export function createPipeline(deps: PipelineDeps) {
   }
 
   /** Parses the fence and the key and resolves the entity; returns the key's claim, if any. */
-  async function parseCommand(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array, trace: Trace): Promise<IdempotencyClaim | null> {
+  async function parseCommand(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array, trace: Trace, rules: RuleSet): Promise<IdempotencyClaim | null> {
     const rc = trace.route!.config
-    if (rc.fence !== 'off') {
+    const sources = entitySources(request, url, params, bytes)
+    let policy: CommandPolicy
+    try {
+      policy = commandPolicy(trace.route!, trace.identity!.tenant, sources, rules)
+    } catch (err) {
+      // A frozen entity: its audit row names it.
+      if (err instanceof FencegateError && err.code === 'entity_frozen') trace.entity = String(err.extras.entity)
+      throw err
+    }
+    const mode = policy.fence
+    trace.ordering = policy.ordering
+    if (mode !== 'off') {
       trace.fence = parseFence(request.headers.get(fenceHeader))
-      if (trace.fence === undefined && (rc.fence === 'required' || rc.fence === 'lease')) throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
+      if (trace.fence === undefined && (mode === 'required' || mode === 'lease')) throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
     }
     if (rc.idempotency !== 'off') {
       trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
       if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
     }
-    const sources = entitySources(request, url, params, bytes)
     if (rc.claimed_tenant) checkClaimedTenant(rc.claimed_tenant, sources, trace.identity!)
     if (trace.fence !== undefined) trace.entity = resolveEntity(trace.route!.entity!, sources)
     if (trace.key === undefined) return null
-    trace.keySha256 = await sha256Hex(new TextEncoder().encode(trace.key))
+    trace.keySha256 = await digest(new TextEncoder().encode(trace.key))
     return {
       key: trace.key,
-      fingerprint: await fingerprint(request.method, rc.name, url.pathname, url.search, bytes),
+      fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await digest(bytes), digest),
       ownerToken: crypto.randomUUID(),
       lockMs: rc.idempotency_lock,
       ttlMs: rc.idempotency_ttl,
       retryUnknown: rc.on_unknown_outcome === 'retry',
     }
+  }
+
+  /** Presents the command to the store; a fence it accepts is written as the entity's highest. */
+  async function reserve(command: Command, trace: Trace): Promise<Reservation> {
+    const r = await timed(trace, 'storeMs', () => store.reserve(command))
+    if (command.fence !== null && r.kind !== 'stale' && r.kind !== 'lease_expired') metrics.highestFenceUpdated({ route: command.route })
+    return r
   }
 
   /** Turns the store's decision into an answer, or undefined when the request may go upstream. */
@@ -158,7 +218,7 @@ export function createPipeline(deps: PipelineDeps) {
         if (rc.idempotency_wait > 0) {
           // The same command again: fence, lease and key are all decided anew.
           const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, rc.idempotency_wait)
-          if (settled) return answerReservation(await store.reserve(command), command, trace)
+          if (settled) return answerReservation(await reserve(command, trace), command, trace)
         }
         const seconds = Math.max(1, Math.ceil(r.retryAfterMs / 1000))
         throw new FencegateError('request_in_progress', 'the original request is still being processed; retry later', {}, { 'retry-after': String(seconds) })
@@ -172,11 +232,11 @@ export function createPipeline(deps: PipelineDeps) {
       return await step()
     } catch (err) {
       if (err instanceof FencegateError && err.status < 500) {
-        await store.recordRejection({
+        await timed(trace, 'storeMs', () => store.recordRejection({
           tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? null, code: err.code,
           presentedFence: trace.fence ?? null, highestFence: null, method: trace.method, path: trace.path,
           bodySha256: trace.bodySha256 ?? null, caller: trace.identity!.caller, requestId: trace.requestId, idempotencyKey: trace.key ?? null,
-        }).catch((auditErr: unknown) => {
+        })).catch((auditErr: unknown) => {
           // The client still learns what it got wrong; the lost row is logged by its id.
           log.error('audit_write_failed', { request_id: trace.requestId, code: err.code, store_code: storeCode(auditErr) })
         })
@@ -185,7 +245,7 @@ export function createPipeline(deps: PipelineDeps) {
     }
   }
 
-  async function forwardUpstream(request: Request, url: URL, route: Route, body: Body, bodyExceeded: () => boolean, requestId: string, held: Held | undefined): Promise<Response> {
+  async function forwardUpstream(request: Request, url: URL, route: Route, body: Body, bodyExceeded: () => boolean, requestId: string, held: Held | undefined, trace: Trace): Promise<Response> {
     const headers = upstreamRequestHeaders(request.headers)
     headers.set('x-request-id', requestId)
     // The caller's credentials are for fencegate; the upstream gets the route's own unless told otherwise.
@@ -196,6 +256,17 @@ export function createPipeline(deps: PipelineDeps) {
     for (const name of [fenceHeader, ...route.decisionHeaders]) {
       const value = request.headers.get(name)
       if (value !== null) headers.set(name, value)
+    }
+    // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
+    headers.delete(attestationHeader)
+    if (route.config.attest && trace.fence !== undefined) {
+      try {
+        headers.set(attestationHeader, await attestCommand(deps.attest, trace, url, route.config))
+      } catch (err) {
+        // Nothing was sent: the key is free for the next attempt.
+        if (held) await logged(log, requestId, 'release', () => store.release(held))
+        throw err
+      }
     }
     try {
       return await forward({ route: route.config, target: url.pathname + url.search, method: request.method, headers, body })
@@ -211,63 +282,32 @@ export function createPipeline(deps: PipelineDeps) {
     }
   }
 
-  function logDecision(trace: Trace, outcome: string, status: number, started: number, code?: string): void {
+  /** The decision's one log line and its metrics: identifiers, hashes and durations, never a body. */
+  function logDecision(trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
+    const durationMs = performance.now() - started
+    const route = trace.route?.config.name
+    metrics.request({ route, outcome, code, durationMs })
+    if (route !== undefined && trace.upstreamMs !== undefined) metrics.upstream({ route, durationMs: trace.upstreamMs })
     log.info('request', {
-      request_id: trace.requestId, route: trace.route?.config.name, method: trace.method, tenant: trace.identity?.tenant,
-      entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, outcome, code, status,
-      duration_ms: Math.round((performance.now() - started) * 100) / 100,
+      request_id: trace.requestId, route, method: trace.method, tenant: trace.identity?.tenant,
+      entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
+      duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
     })
   }
 }
 
-/**
- * A tenant the request itself names (`claimed_tenant`) is evidence, never
- * authority: it must agree with the token's tenant or the request is refused.
- */
-function checkClaimedTenant(where: string, sources: ReturnType<typeof entitySources>, identity: Identity): void {
-  const claimed = readClaim(where, sources)
-  if (claimed !== undefined && claimed !== identity.tenant) {
-    throw new FencegateError('tenant_mismatch', `the request claims another tenant (${where}) than its token`)
+/** Runs a step, adding its duration to the trace's store or upstream time, whether it succeeds or throws. */
+async function timed<T>(trace: Trace, into: 'storeMs' | 'upstreamMs', step: () => Promise<T>): Promise<T> {
+  const started = performance.now()
+  try {
+    return await step()
+  } finally {
+    trace[into] = (trace[into] ?? 0) + performance.now() - started
   }
 }
 
-function readClaim(where: string, sources: ReturnType<typeof entitySources>): string | undefined {
-  const [source, ...path] = where.split('.')
-  if (source === 'header') return sources.headers.get(path[0]!) ?? undefined
-  let node = sources.json()
-  for (const key of path) {
-    if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
-    node = (node as Record<string, unknown>)[key]
-  }
-  return node === undefined ? undefined : String(node)
-}
-
-function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array) {
-  let json: unknown
-  let parsed = false
-  return {
-    params,
-    query: url.searchParams,
-    headers: request.headers,
-    json: () => {
-      if (!parsed) {
-        parsed = true
-        try {
-          json = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
-        } catch {
-          json = undefined
-        }
-      }
-      return json
-    },
-  }
-}
-
-/** The job id behind a `fence: lease` entity (`job:42`); an id that cannot exist matches no lease. */
-function leaseJobOf(mode: string, entity: string | undefined): string | null {
-  if (mode !== 'lease') return null
-  const id = entity?.slice('job:'.length) ?? ''
-  return /^[1-9][0-9]{0,17}$/.test(id) ? id : '0'
+function roundMs(ms: number | undefined): number | undefined {
+  return ms === undefined ? undefined : Math.round(ms * 100) / 100
 }
 
 /** Store failures fail closed as 503; anything unexpected is an internal error. */

@@ -1,5 +1,6 @@
 import { parse } from 'yaml'
 import { createAdminApp } from './admin.js'
+import { createAttestationSigner, type AttestationSigner } from './attest.js'
 import { createApp } from './app.js'
 import { ExpansionError, prepareExpansion } from './config/expand.js'
 import { ConfigError, parseConfig, type AuthConfig, type Config } from './config/schema.js'
@@ -19,7 +20,7 @@ export interface WorkerEnv {
   /** `on` serves the admin plane under /_admin/ (it requires auth.mode: jwt). */
   FENCEGATE_ADMIN?: string
   HYPERDRIVE?: { connectionString: string }
-  /** `FENCEGATE_PUBLIC_KEY_<i>`: the PEM of auth.public_keys[i]. */
+  /** `FENCEGATE_PUBLIC_KEY_<i>`: the PEM of auth.public_keys[i]; `FENCEGATE_ATTESTATION_KEY`: the PEM of attestation.key_file. */
   [binding: string]: unknown
 }
 
@@ -65,6 +66,7 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
 
   const log = createLogger(config.log.level)
   const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
+  const attest = await workerAttestationSigner(config, vars)
   const forward = createFetchForward()
   const closing = new Set<Promise<void>>()
 
@@ -73,7 +75,7 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
       const scope = openRequestScope(databaseUrl, forward)
       let response: Response
       try {
-        response = await route(request, scope, { config, authenticate, log, adminOn })
+        response = await route(request, scope, { config, authenticate, log, adminOn, attest })
       } catch (err) {
         // The apps render their own errors; this is only reached by a failure in the wiring itself.
         response = problemResponse(new FencegateError('internal_error'), crypto.randomUUID())
@@ -101,13 +103,13 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
 }
 
 // The apps are built per request because each binds one store; building one is a few route regexes.
-async function route(request: Request, scope: RequestScope, o: { config: Config; authenticate: Authenticate; log: Logger; adminOn: boolean }): Promise<Response> {
+async function route(request: Request, scope: RequestScope, o: { config: Config; authenticate: Authenticate; log: Logger; adminOn: boolean; attest: AttestationSigner | undefined }): Promise<Response> {
   const url = new URL(request.url)
   if (o.adminOn && url.pathname.startsWith(adminPrefix)) {
     url.pathname = url.pathname.slice(adminPrefix.length - 1)
     return createAdminApp({ store: scope.store, authenticate: o.authenticate }).fetch(new Request(url, request))
   }
-  return createApp({ config: o.config, store: scope.store, forward: scope.forward, authenticate: o.authenticate, log: o.log }).fetch(request)
+  return createApp({ config: o.config, store: scope.store, forward: scope.forward, authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}) }).fetch(request)
 }
 
 interface RequestScope {
@@ -207,6 +209,14 @@ export function workerKeys(auth: AuthConfig, vars: Record<string, string | undef
     }
   }
   return { kind: 'hmac', secret: auth.hs256_secret ?? '' }
+}
+
+/** The attestation signer from bindings: a Worker has no files, so the private key's PEM is the secret FENCEGATE_ATTESTATION_KEY. */
+export async function workerAttestationSigner(config: Config, vars: Record<string, string | undefined>): Promise<AttestationSigner | undefined> {
+  if (!config.attestation) return undefined
+  const pem = vars.FENCEGATE_ATTESTATION_KEY
+  if (!pem) throw new ConfigError([`FENCEGATE_ATTESTATION_KEY: not set (the PEM private key for attestation.key_file, ${config.attestation.key_file})`])
+  return createAttestationSigner(config.attestation, pem)
 }
 
 // One build per isolate; a failed build is retried by the next request rather than cached.
