@@ -58,6 +58,17 @@ export function toStoreError(err: unknown): StoreError {
   return new StoreError(undefined, typeof code === 'string' ? code.slice(0, 40) : undefined)
 }
 
+/** A driver's unlisten whose failures become StoreErrors, as every other call's do. */
+export function storeUnlisten(unlisten: () => Promise<unknown>): () => Promise<void> {
+  return async () => {
+    try {
+      await unlisten()
+    } catch (err) {
+      throw toStoreError(err)
+    }
+  }
+}
+
 /** SQLSTATEs fencegate reacts to by name. */
 export const sqlstate = {
   uniqueViolation: '23505',

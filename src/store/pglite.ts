@@ -1,7 +1,7 @@
 import { PGlite, type Transaction } from '@electric-sql/pglite'
 import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import { join } from 'node:path'
-import { passThrough, toNumbered, toParams, toStoreError, type Db, type SqlValue } from './db.js'
+import { passThrough, toNumbered, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
 
 /**
  * A Db on embedded PGlite (PostgreSQL compiled to WebAssembly). With a data
@@ -41,14 +41,7 @@ export function pgliteDb(pg: PGlite, onClose: () => void = () => {}): Db {
     // One session in this process: it never drops, so there is no reconnect to report.
     async listen(channel, onNotify) {
       try {
-        const unlisten = await pg.listen(channel, onNotify)
-        return async () => {
-          try {
-            await unlisten()
-          } catch (err) {
-            throw toStoreError(err)
-          }
-        }
+        return storeUnlisten(await pg.listen(channel, onNotify))
       } catch (err) {
         throw toStoreError(err)
       }

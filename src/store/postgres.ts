@@ -1,5 +1,5 @@
 import postgres from 'postgres'
-import { passThrough, toParams, toStoreError, type Db, type SqlValue } from './db.js'
+import { passThrough, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
 
 export interface PostgresOptions {
   /** Pool size; the default suits one gateway process. */
@@ -36,13 +36,7 @@ async function listenOn(sql: postgres.Sql, channel: string, onNotify: (payload: 
       if (!first) onReconnect?.()
       first = false
     })
-    return async () => {
-      try {
-        await unlisten()
-      } catch (err) {
-        throw toStoreError(err)
-      }
-    }
+    return storeUnlisten(unlisten)
   } catch (err) {
     throw toStoreError(err)
   }
