@@ -256,6 +256,14 @@ export function parseAuditQuery(params: URLSearchParams): AuditQuery {
   return query
 }
 
+/** The body of `POST /entities/{entity}/bump`: what `parseBump` accepts and the OpenAPI document describes. */
+export const bumpRequestSchema = z.object({
+  min_fence: z.union([
+    z.string().regex(/^[0-9]{1,19}$/).describe('A fence: a decimal integer, as a string (it may exceed 2^53)'),
+    z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  ]).describe('The new floor: every fence below it is stale from now on'),
+}).strict()
+
 /** `{"min_fence": "43"}` (a number is accepted too, up to 2^53): the floor, as a canonical decimal string. */
 export function parseBump(text: string): string {
   let body: unknown
@@ -264,13 +272,10 @@ export function parseBump(text: string): string {
   } catch {
     throw new FencegateError('invalid_request', 'the body must be JSON: {"min_fence": "43"}')
   }
-  const value = (body as { min_fence?: unknown } | null)?.min_fence
-  const keys = body !== null && typeof body === 'object' ? Object.keys(body) : []
-  if (keys.length !== 1 || (typeof value !== 'string' && !(typeof value === 'number' && Number.isSafeInteger(value)))) {
-    throw new FencegateError('invalid_request', 'the body must be {"min_fence": "<decimal fence>"}')
-  }
+  const parsed = bumpRequestSchema.safeParse(body)
+  if (!parsed.success) throw new FencegateError('invalid_request', 'the body must be {"min_fence": "<decimal fence>"}')
   try {
-    return parseFence(String(value))!
+    return parseFence(String(parsed.data.min_fence))!
   } catch {
     throw new FencegateError('invalid_request', 'min_fence must be a decimal integer between 0 and 9223372036854775807')
   }

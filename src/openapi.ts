@@ -1,5 +1,5 @@
 import { z } from 'zod'
-import { auditQuerySchema, tenantQuerySchema } from './admin.js'
+import { auditQuerySchema, bumpRequestSchema, tenantQuerySchema } from './admin.js'
 import { problemCatalog, type ProblemCode } from './problems.js'
 import { entityRuleSchema, routeSchema } from './config/schema.js'
 import { historyQuery } from './rules/api.js'
@@ -10,6 +10,9 @@ import { historyQuery } from './rules/api.js'
  * schemas below, which test/openapi.test.ts checks real answers against, so
  * neither side can drift without a test failing.
  */
+
+// Defined next to the parser that validates with it.
+export { bumpRequestSchema }
 
 const codes = Object.keys(problemCatalog) as [ProblemCode, ...ProblemCode[]]
 const timestamp = z.string().describe('ISO-8601, UTC, microseconds, rendered by the database')
@@ -49,11 +52,7 @@ export const keyStateSchema = z.object({
   locked_until: timestamp.nullable(), expires_at: timestamp,
 }).strict()
 
-/** The body of `POST /entities/{entity}/bump` (parsed by `parseBump` in src/admin.ts). */
-export const bumpRequestSchema = z.object({
-  min_fence: z.union([fence, z.number().int().min(0).max(Number.MAX_SAFE_INTEGER)]).describe('The new floor: every fence below it is stale from now on'),
-}).strict()
-
+/** The answer of `POST /entities/{entity}/bump`. */
 export const bumpResultSchema = z.object({
   tenant: z.string(), entity: z.string(), previous_fence: fence.nullable().describe('null when no fence had been accepted for the entity'),
   highest_fence: fence, raised: z.boolean().describe('false when the highest fence was already at or above min_fence'),
