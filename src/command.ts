@@ -16,6 +16,8 @@ import type { RuleSet } from './rules/registry.js'
 export interface CommandPolicy {
   fence: Route['config']['fence']
   ordering: Route['config']['ordering']
+  /** The entity, when the entity rules needed it resolved (so it is resolved once). */
+  entity?: string
 }
 
 /**
@@ -26,7 +28,7 @@ export interface CommandPolicy {
  * @example
  * const { fence, ordering } = commandPolicy(route, 'acme', sources, rules.current())
  */
-export function commandPolicy(route: Route, tenant: string, sources: EntitySources, rules: RuleSet): CommandPolicy & { frozenEntity?: string } {
+export function commandPolicy(route: Route, tenant: string, sources: EntitySources, rules: RuleSet): CommandPolicy {
   const { config: rc, entity: template } = route
   if (rules.entityRules.length === 0 || !template) return { fence: rc.fence, ordering: rc.ordering }
   let entity: string
@@ -43,6 +45,7 @@ export function commandPolicy(route: Route, tenant: string, sources: EntitySourc
   return {
     fence: policy.fence !== undefined && rc.fence !== 'lease' ? policy.fence : rc.fence,
     ordering: policy.ordering ?? rc.ordering,
+    entity,
   }
 }
 

@@ -183,7 +183,7 @@ export function createPipeline(deps: PipelineDeps) {
       if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
     }
     if (rc.claimed_tenant) checkClaimedTenant(rc.claimed_tenant, sources, trace.identity!)
-    if (trace.fence !== undefined) trace.entity = resolveEntity(trace.route!.entity!, sources)
+    if (trace.fence !== undefined) trace.entity = policy.entity ?? resolveEntity(trace.route!.entity!, sources)
     if (trace.key === undefined) return null
     trace.keySha256 = await digest(new TextEncoder().encode(trace.key))
     return {
