@@ -1,9 +1,8 @@
-import { parse } from 'yaml'
 import { createAdminApp } from './admin.js'
 import { createAttestationSigner, type AttestationSigner } from './attest.js'
 import { createApp } from './app.js'
-import { ExpansionError, prepareExpansion } from './config/expand.js'
-import { ConfigError, parseConfig, type AuthConfig, type Config } from './config/schema.js'
+import { loadConfigText } from './config/text.js'
+import { ConfigError, type AuthConfig, type Config } from './config/schema.js'
 import { createFetchForward } from './fetch-forward.js'
 import type { Forward } from './forward.js'
 import { createAuthenticator, type Authenticate, type VerificationKeys } from './identity.js'
@@ -177,22 +176,9 @@ function whenConsumed(source: ReadableStream<Uint8Array> | null): { body: Readab
   return { body, done }
 }
 
-/** Expands and validates configuration text, as `loadConfigText` does, without its `node:fs` import. */
+/** The `FENCEGATE_CONFIG` binding read as a configuration file is (`loadConfigText`, which imports nothing from `node:*`). */
 export function configFromText(text: string, vars: Record<string, string | undefined>, source = 'FENCEGATE_CONFIG'): Config {
-  const expansion = prepareExpansion(text, vars)
-  let raw: unknown
-  try {
-    raw = expansion.restore(parse(expansion.text, { prettyErrors: true }))
-  } catch (err) {
-    if (err instanceof ExpansionError) throw new ConfigError([`${source}: ${err.message}`])
-    throw new ConfigError([`${source}: not valid YAML: ${(err as Error).message.split('\n')[0]}`])
-  }
-  try {
-    return parseConfig(raw)
-  } catch (err) {
-    if (err instanceof ConfigError) throw new ConfigError(err.problems.map((p) => `${source}: ${p}`))
-    throw err
-  }
+  return loadConfigText(text, vars, source)
 }
 
 /** Key material from bindings: a Worker has no files, so public_keys[i] is read from FENCEGATE_PUBLIC_KEY_<i>. */

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs'
-import { parse } from 'yaml'
-import { prepareExpansion } from '../config/expand.js'
+import { ConfigError } from '../config/schema.js'
+import { readExpandedYaml } from '../config/text.js'
 import { kindOf, normalizeRule, RuleError, validateRuleSet, type RawRule } from '../rules/schema.js'
 import { canonical, type RuleChange } from '../rules/store.js'
 import { adminCall, AdminError } from './admin-client.js'
@@ -59,12 +59,12 @@ export function readRulesFile(path: string, env: Record<string, string | undefin
   } catch (err) {
     throw new UsageError(`${path}: cannot read (${(err as NodeJS.ErrnoException).code ?? 'error'})`)
   }
-  const expansion = prepareExpansion(text, env)
   let doc: unknown
   try {
-    doc = expansion.restore(parse(expansion.text))
+    doc = readExpandedYaml(text, env, path)
   } catch (err) {
-    throw new UsageError(`${path}: ${(err as Error).message.split('\n')[0]}`)
+    if (err instanceof ConfigError) throw new UsageError(err.problems.join('\n'))
+    throw err
   }
   if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) throw new UsageError(`${path}: expected a mapping with routes: and entity_rules:`)
   const extra = Object.keys(doc).filter((k) => k !== 'routes' && k !== 'entity_rules')
