@@ -54,6 +54,14 @@ describe.each(backends())('fence bump ($name)', (backend) => {
     expect((await post(`${gw.url}/payments/9/capture`, '4')).status).toBe(409)
   })
 
+  it('bumps the entity of the tenant named by ?tenant=, and only that one', async () => {
+    const res = await fetch(`${gw.adminUrl}/entities/invoice:5/bump?tenant=acme`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"min_fence": "9"}' })
+    expect(await res.json()).toMatchObject({ tenant: 'acme', entity: 'invoice:5', highest_fence: '9' })
+    expect(await (await fetch(`${gw.adminUrl}/entities/invoice:5?tenant=acme`)).json()).toMatchObject({ highest_fence: '9' })
+    expect((await fetch(`${gw.adminUrl}/entities/invoice:5`)).status).toBe(404)
+    expect((await post(`${gw.url}/payments/5/capture`, '1')).status).toBe(200)
+  })
+
   it.each([
     ['not JSON', '{'],
     ['no min_fence', {}],

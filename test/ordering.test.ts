@@ -104,6 +104,28 @@ describe.each(backends())('ordered delivery: ordering serialize ($name)', (backe
     expect(upstream.received).toHaveLength(2)
   })
 
+  it('holds the slot for timeout_ms plus one second on the database clock, so a dead gateway\'s slot frees itself', async () => {
+    await start({ ordering: 'serialize', timeout_ms: 4000 })
+    const held = gate()
+    upstream.handle(async (_req, res) => {
+      await held.opened
+      res.writeHead(200).end('{}')
+    })
+    const [before] = await t.db.sql<{ at: string }>`SELECT now()::text AS at`
+    const answer = post(`${gw!.url}/payments/1/capture`, '1')
+    await upstream.arrived(1)
+    // Taken between the two database readings of now(), so it ends 5 s after a moment between them.
+    const [row] = await t.db.sql<{ after_before: boolean; before_now: boolean }>`
+      SELECT inflight_until >= ${before!.at}::timestamptz + interval '5 seconds' AS after_before,
+             inflight_until <= now() + interval '5 seconds' AS before_now
+      FROM fg_fences WHERE entity = 'invoice:1'`
+    held.open()
+    expect((await answer).status).toBe(200)
+    expect(row).toEqual({ after_before: true, before_now: true })
+    const [after] = await t.db.sql<{ token: string | null }>`SELECT inflight_token AS token FROM fg_fences WHERE entity = 'invoice:1'`
+    expect(after!.token).toBeNull()
+  })
+
   it('gives the slot back when the upstream fails', async () => {
     await start({ ordering: 'serialize', ordering_wait: '50ms' })
     upstream.handle((_req, res) => {
