@@ -84,23 +84,24 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       -- A completed answer to replay while the fence stays where it is: decided on the
       -- statement's snapshot and written nowhere, so the commit has nothing to flush.
       SELECT k.status, k.headers::text AS headers, k.body FROM fg_idempotency AS k
-      WHERE ${leaseJob}::text IS NULL AND k.tenant = ${c.tenant} AND k.key = ${k?.key} AND k.state = 'completed'
+      WHERE ${leaseJob}::bigint IS NULL AND k.tenant = ${c.tenant} AND k.key = ${k?.key} AND k.state = 'completed'
         AND k.fingerprint = ${k?.fingerprint ?? null} AND k.expires_at > now()
         AND (${c.fence}::bigint IS NULL OR EXISTS (
           SELECT 1 FROM fg_fences WHERE tenant = ${c.tenant} AND entity = ${c.entity} AND highest_fence = ${c.fence}::bigint))
     ), lease AS (
-      SELECT 1 FROM fg_jobs
-      WHERE ${leaseJob}::text IS NOT NULL AND tenant = ${c.tenant} AND id = ${leaseJob}::bigint
-        AND fence = ${c.fence}::bigint AND state = 'running' AND lease_until > now() AND NOT cancel_requested
+      -- A function, so that the job table is planned and locked only for lease-bound commands:
+      -- carrying it in every key's statement cost PostgreSQL a fifth of the statement's CPU.
+      SELECT CASE WHEN ${leaseJob}::bigint IS NULL THEN true
+                  ELSE fg_lease_live(${c.tenant}, ${leaseJob}::bigint, ${c.fence}::bigint) END AS live
     ), lease_refused AS (
       INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, body_sha256, caller, request_id, idempotency_key)
       SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'lease_expired', ${c.fence}::bigint, ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
-      WHERE ${leaseJob}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM lease)
+      FROM lease WHERE NOT live
       RETURNING id
     ), decided AS (
       INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
       SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId}
-      WHERE ${c.fence}::bigint IS NOT NULL AND (${leaseJob}::text IS NULL OR EXISTS (SELECT 1 FROM lease))
+      WHERE ${c.fence}::bigint IS NOT NULL AND (SELECT live FROM lease)
         AND NOT EXISTS (SELECT 1 FROM replay)
       ON CONFLICT (tenant, entity) DO UPDATE
         SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
