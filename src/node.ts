@@ -74,7 +74,8 @@ export async function startGateway(options: {
     ruleVersion: () => rules.current().version,
     onGaugeError: (err) => log.warn('metrics_gauges_failed', { store_code: storeCode(err) }),
   })
-  const store = instrument(createStore(db), metrics)
+  // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
+  const store = instrument(createStore(db, { schedule: setImmediate }), metrics)
   let rules: RuleRegistry
   try {
     rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })

@@ -29,7 +29,7 @@ describe.each(backends())('idempotency on $name', (backend) => {
   let calls = 0
 
   async function start(routes: Record<string, unknown>[], db?: Db) {
-    gw = await startTestGateway({ config: testConfig(routes), store: db ? createStore(db) : t.store })
+    gw = await startTestGateway({ config: testConfig(routes), store: db ? createStore(db, { schedule: setImmediate }) : t.store })
   }
   const capture = (extra: string = '') => `${gw.url}/payments/42/capture${extra}`
   const audit = async (query = '') => (await (await fetch(`${gw.adminUrl}/audit?${query}`)).json()).items as any[]

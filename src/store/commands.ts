@@ -215,23 +215,6 @@ export interface Held {
   ownerToken: string
 }
 
-/**
- * Stores the upstream's response for replay (`completed`), or records that it
- * was too large to keep (`not_replayable`). Applies only while this request
- * still owns the in-flight record; returns false when it no longer does.
- */
-export async function complete(db: Db, held: Held, outcome: { replayable: boolean; response: StoredResponse; ttlMs: number }): Promise<boolean> {
-  const { response } = outcome
-  const rows = await db.sql`
-    UPDATE fg_idempotency
-    SET state = ${outcome.replayable ? 'completed' : 'not_replayable'}, status = ${response.status},
-        headers = ${JSON.stringify(response.headers)}::text::jsonb, body = ${outcome.replayable ? response.body : null}::bytea,
-        completed_at = now(), locked_until = NULL, expires_at = now() + ${outcome.ttlMs}::bigint * interval '1 millisecond'
-    WHERE tenant = ${held.tenant} AND key = ${held.key} AND owner_token = ${held.ownerToken} AND state = 'in_flight'
-    RETURNING 1`
-  return rows.length === 1
-}
-
 /** Frees the key after an answer that proves nothing happened (refused connection, transient status). */
 export async function release(db: Db, held: Held): Promise<boolean> {
   const rows = await db.sql`

@@ -1,9 +1,10 @@
 import type { Db } from './db.js'
 import { bumpFence, type Bump, type BumpResult } from './fences.js'
 import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from './ordering.js'
+import { createCompleter, type Completion, type Schedule } from './completions.js'
 import {
-  complete, getKey, markUnknown, purgeExpired, release, releaseUnknown, reserve,
-  type Command, type Held, type KeyState, type Reservation, type StoredResponse,
+  getKey, markUnknown, purgeExpired, release, releaseUnknown, reserve,
+  type Command, type Held, type KeyState, type Reservation,
 } from './commands.js'
 
 /** One rejected command, as written to the audit table. */
@@ -75,7 +76,8 @@ export type { Command, Held, IdempotencyClaim, KeyState, Reservation, StoredResp
 export interface Store {
   /** Presents the fence and reserves the idempotency key, in one statement (see commands.ts). */
   reserve(command: Command): Promise<Reservation>
-  complete(held: Held, outcome: { replayable: boolean; response: StoredResponse; ttlMs: number }): Promise<boolean>
+  /** Stores a response for replay; completions of one scheduled turn share a statement (see completions.ts). */
+  complete(held: Held, outcome: Completion): Promise<boolean>
   release(held: Held): Promise<boolean>
   markUnknown(held: Held): Promise<boolean>
   getKey(tenant: string, key: string): Promise<KeyState | undefined>
@@ -95,18 +97,26 @@ export interface Store {
   close(): Promise<void>
 }
 
+export interface StoreOptions {
+  /**
+   * When a batch of completions is written (see completions.ts). Node passes
+   * `setImmediate`: every completion of one event-loop turn shares a statement.
+   */
+  schedule?: Schedule
+}
+
 // Timestamps are rendered by the database (ISO-8601, UTC, microseconds) so both drivers agree.
 
 /**
  * Builds the Store on any Db (PostgreSQL or PGlite): the SQL lives here, once.
  *
  * @example
- * const store = createStore(await openPglite())
+ * const store = createStore(await openPglite(), { schedule: setImmediate })
  */
-export function createStore(db: Db): Store {
+export function createStore(db: Db, options: StoreOptions = {}): Store {
   return {
     reserve: (command) => reserve(db, command),
-    complete: (held, outcome) => complete(db, held, outcome),
+    complete: createCompleter(db, options.schedule),
     release: (held) => release(db, held),
     markUnknown: (held) => markUnknown(db, held),
     getKey: (tenant, key) => getKey(db, tenant, key),

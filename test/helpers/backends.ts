@@ -74,7 +74,7 @@ const pglite: Backend = {
     const db = guarded(pgliteDb(pg), () => closed)
     return {
       db,
-      store: createStore(db),
+      store: createStore(db, { schedule: setImmediate }),
       url: undefined,
       async close() {
         if (!closed) await recycle(pg)
@@ -117,7 +117,7 @@ function postgresBackend(adminUrl: string, template: string): Backend {
       }
       return {
         db,
-        store: createStore(db),
+        store: createStore(db, { schedule: setImmediate }),
         url,
         close,
         async breakStore() {
