@@ -194,9 +194,11 @@ async function main(argv: string[]): Promise<number> {
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
   const children: Child[] = []
-  // A last resort so the bench always ends: every scenario at its own limits, plus setup and shutdown.
+  // A last resort so the bench always ends: every run at its own limits (each scenario but
+  // passthrough is followed by a passthrough run), plus setup and shutdown.
   const perScenarioMs = (options.warmup + 60 + options.duration * 3 + 30 + 60) * 1000
-  const budgetMs = options.passes * options.scenarios.length * perScenarioMs + 120_000
+  const runsPerPass = options.scenarios.length * 2 - 1
+  const budgetMs = options.passes * runsPerPass * perScenarioMs + 120_000
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
     for (const c of children) c.process.kill('SIGKILL')
@@ -210,7 +212,7 @@ async function main(argv: string[]): Promise<number> {
     store = await prepareStore(options)
     console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
     console.log(`store: ${store.description} at ${store.location}`)
-    console.log(`load: ${options.connections} connections, ${options.warmup}s warm-up + ${options.duration}s measured per scenario, ${options.passes} pass(es)`)
+    console.log(`load: ${options.connections} connections, ${options.warmup}s warm-up + ${options.duration}s measured per scenario, ${options.passes} pass(es); passthrough runs again after every other scenario, whose ratio is against the passthrough runs on either side of it`)
     const recommended = options.gatewayNodeOptions.join(' ') === recommendedGatewayNodeOptions.join(' ')
     console.log(`gateway node options: ${options.gatewayNodeOptions.join(' ') || '(none)'}${recommended ? ' (the deployment recommendation in docs/benchmarks.md; --gateway-node-options= runs without)' : ''}`)
 
@@ -258,12 +260,31 @@ async function main(argv: string[]): Promise<number> {
     const ends: PassEnd[] = []
     for (let pass = 1; pass <= options.passes && !controller.signal.aborted; pass++) {
       const measured: Measured[] = []
-      for (const scenario of scenarios(options, gw.url, keyPrefix, pass)) {
-        if (controller.signal.aborted) break
-        console.log(`pass ${pass}: running ${scenario.name} (${scenario.what})...`)
+      const set = scenarios(options, gw.url, keyPrefix, pass)
+      const passthrough = set.find((s) => s.name === 'passthrough')!
+      const run = async (scenario: Scenario, what: string) => {
+        console.log(`pass ${pass}: running ${scenario.name} (${what})...`)
         const m = await measure(scenario, gw, options, nextFence, controller.signal)
         for (const c of [gateway, upstream]) {
           if (c.process.exitCode !== null || c.process.signalCode !== null) throw new Error(`${c.name} died during ${scenario.name} (${c.process.exitCode ?? c.process.signalCode}):\n${c.output()}`)
+        }
+        return m
+      }
+      // The baseline runs again after every scenario, and a scenario is compared with the
+      // passthrough runs on either side of it: this machine's speed drifts by a third within
+      // minutes (passthrough at 2,452 and 1,679 req/s in two passes of one run), and a
+      // baseline taken minutes before a scenario moved its ratio with it.
+      let before: Measured | undefined
+      for (const scenario of set) {
+        if (controller.signal.aborted) break
+        const m = await run(scenario, scenario.what)
+        if (scenario === passthrough) {
+          before = m
+        } else {
+          if (controller.signal.aborted) break
+          const after = await run(passthrough, `the baseline after ${scenario.name}`)
+          m.baseline = [before!, after]
+          before = after
         }
         measured.push(m)
       }

@@ -16,6 +16,8 @@ export interface Measured {
   memory: MemoryWindow
   /** Cores used on average over the measured window. */
   cpu: { gateway: number; upstream: number; load: number; postgres: number; other: number; machine: number }
+  /** The passthrough runs just before and just after this scenario, which its ratio is taken against. */
+  baseline?: [Measured, Measured]
 }
 
 /** The gateway's memory once a pass ended and it idled for a second. */
@@ -46,10 +48,17 @@ function replayCheck(r: Measured): { ok: boolean; text: string } | undefined {
 
 /** Gateway CPU milliseconds per response over the measured window. */
 const cpuPerRequest = (r: Measured) => (r.cpu.gateway / r.tally.rps) * 1000
-const baseline = (pass: Measured[]) => pass.find((r) => r.scenario.name === 'passthrough')!.tally.rps
-const peakOf = (pass: Measured[]) => Math.max(...pass.map((r) => r.memory.peakKiB ?? 0))
+const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length
+const passthroughOf = (pass: Measured[]) => pass.find((r) => r.scenario.name === 'passthrough')!
+/** The passthrough runs a row is compared with: those on either side of it, or itself. */
+const baseRuns = (pass: Measured[], r: Measured): Measured[] => r.baseline ?? [passthroughOf(pass)]
+/** A row's req/s as a fraction of the mean of its baseline runs. */
+const ratioOf = (pass: Measured[], r: Measured) => r.tally.rps / mean(baseRuns(pass, r).map((b) => b.tally.rps))
+/** Every run of a pass, the baseline runs between the scenarios included. */
+const runsOf = (pass: Measured[]) => [...pass, ...pass.flatMap((r) => r.baseline?.slice(1) ?? [])]
+const peakOf = (pass: Measured[]) => Math.max(...runsOf(pass).map((r) => r.memory.peakKiB ?? 0))
 /** The lowest V8 heap in use sampled during a pass, in bytes. */
-const liveOf = (pass: Measured[]) => Math.min(...pass.map((r) => r.memory.minHeapUsed ?? Infinity))
+const liveOf = (pass: Measured[]) => Math.min(...runsOf(pass).map((r) => r.memory.minHeapUsed ?? Infinity))
 
 export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKiB: number | undefined; primedPeakKiB: number | undefined; store: BenchStore; options: BenchOptions }): void {
   const { passes, ends, store, options } = o
@@ -57,17 +66,17 @@ export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKi
   const windowed = passes.every((pass) => pass.every((r) => r.memory.windowed))
 
   passes.forEach((pass, i) => {
-    const base = baseline(pass)
     console.log('')
     console.log(`=== pass ${i + 1} of ${passes.length} ===`)
     console.log('scenario     what                                 requests     s   req/s  p50 ms  p99 ms non-2xx replayed  vs passthrough')
     for (const r of pass) {
       const t = r.tally
-      const ratio = t.rps / base
+      const ratio = ratioOf(pass, r)
       const target = r.scenario.target === undefined ? '' : `  (target >= ${fmt(r.scenario.target * 100)}%: ${ratio >= r.scenario.target ? 'met' : 'MISSED'})`
       console.log(`${r.scenario.name.padEnd(12)} ${r.scenario.what.padEnd(36)} ${String(t.requests).padStart(8)} ${fmt(t.seconds, 1).padStart(5)} ${fmt(t.rps).padStart(7)} ${fmt(p(r, 50), 2).padStart(7)} ${fmt(p(r, 99), 2).padStart(7)} ${String(t.non2xx).padStart(7)} ${String(t.replayed).padStart(8)}  ${fmt(ratio * 100, 1).padStart(6)}%${target}`)
     }
     for (const r of pass) {
+      if (r.baseline) console.log(`${r.scenario.name}: baseline: passthrough ${r.baseline.map((b) => fmt(b.tally.rps)).join(' req/s before, ')} req/s after`)
       if (r.prepared) console.log(`${r.scenario.name}: prepared: ${r.prepared}`)
       const check = replayCheck(r)
       if (check) console.log(`${r.scenario.name}: replay check ${check.ok ? 'ok' : 'FAILED'}: ${check.text}`)
@@ -77,10 +86,10 @@ export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKi
     }
     console.log('')
     console.log('CPU during the measured window, in cores (other: everything else that ran, e.g. other work on the machine)')
-    const baseCpu = cpuPerRequest(pass.find((r) => r.scenario.name === 'passthrough')!)
     for (const r of pass) {
       const { gateway, upstream, load, postgres, other, machine } = r.cpu
       const perRequest = cpuPerRequest(r)
+      const baseCpu = mean(baseRuns(pass, r).map(cpuPerRequest))
       console.log(`${r.scenario.name.padEnd(12)} gateway ${fmt(gateway, 2)} = ${fmt(perRequest, 3)} ms per request (passthrough's is ${fmt((baseCpu / perRequest) * 100).padStart(3)}% of it)  upstream ${fmt(upstream, 2)}  autocannon ${fmt(load, 2)}  postgres ${fmt(postgres, 2)}  other ${fmt(other, 2)}  machine ${fmt(machine * 100)}% busy`)
     }
     console.log('')
@@ -102,7 +111,7 @@ export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKi
   for (const name of names) {
     const cells = passes.map((pass) => {
       const r = pass.find((x) => x.scenario.name === name)!
-      return `${fmt(r.tally.rps).padStart(7)} (${fmt((r.tally.rps / baseline(pass)) * 100, 1).padStart(5)}%)  ${kibToMib(r.memory.peakKiB).padStart(7)} MiB`.padEnd(34)
+      return `${fmt(r.tally.rps).padStart(7)} (${fmt(ratioOf(pass, r) * 100, 1).padStart(5)}%)  ${kibToMib(r.memory.peakKiB).padStart(7)} MiB`.padEnd(34)
     })
     console.log(`${name.padEnd(12)} ${cells.join('')}`)
   }
@@ -145,7 +154,8 @@ export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKi
         name: r.scenario.name, requests: r.tally.requests, warmup_requests: r.warmup.requests, seconds: +r.tally.seconds.toFixed(2), rps: Math.round(r.tally.rps),
         p50_ms: +p(r, 50).toFixed(3), p99_ms: +p(r, 99).toFixed(3), non2xx: r.tally.non2xx, errors: r.tally.errors,
         replayed: r.tally.replayed, replay_check: replayCheck(r)?.ok ?? null,
-        ratio: +(r.tally.rps / baseline(pass)).toFixed(3), target: r.scenario.target ?? null,
+        ratio: +ratioOf(pass, r).toFixed(3), target: r.scenario.target ?? null,
+        baseline_rps: baseRuns(pass, r).map((b) => Math.round(b.tally.rps)),
         peak_rss_kib: r.memory.peakKiB ?? null,
         at_peak: r.memory.atPeak ?? null,
         cpu: Object.fromEntries(Object.entries(r.cpu).map(([k, v]) => [k, +v.toFixed(2)])),
