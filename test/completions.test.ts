@@ -81,7 +81,7 @@ describe.each(backends())('batched completions on $name', (backend) => {
     expect(await store.complete(held('mine'), { replayable: true, response: response(500, 'again'), ttlMs: 60_000 })).toBe(false)
   })
 
-  it('one completion the database refuses does not fail the others of its batch: each is retried alone', async () => {
+  it('one completion whose row the database refuses does not fail the others of its batch: each is retried alone', async () => {
     await reserveAll(['a', 'b', 'c'])
     const results = await Promise.allSettled([
       store.complete(held('a'), { replayable: true, response: response(200, 'a'), ttlMs: 60_000 }),
@@ -98,6 +98,43 @@ describe.each(backends())('batched completions on $name', (backend) => {
     expect(db.count).toBe(3 + 1 + 3)
   })
 
+  it('a lost store fails the whole batch at once, without a retry per completion', async () => {
+    await reserveAll(['p', 'q', 'r'])
+    const before = db.count
+    await t.breakStore()
+    const results = await Promise.allSettled(['p', 'q', 'r'].map((key) =>
+      store.complete(held(key), { replayable: true, response: response(200, key), ttlMs: 60_000 })))
+    for (const r of results) {
+      expect(r.status).toBe('rejected')
+      expect((r as PromiseRejectedResult).reason).toBeInstanceOf(StoreError)
+    }
+    expect(db.count - before).toBe(1)
+  })
+
+  it('closing the store first writes the completions still waiting for their turn', async () => {
+    // A schedule that never flushes: only close() can write the batch.
+    const pending = createStore(db, { schedule: () => {} })
+    await reserveAll(['late'])
+    const applied = pending.complete(held('late'), { replayable: true, response: response(200, 'late'), ttlMs: 60_000 })
+    await pending.close()
+    expect(await applied).toBe(true)
+  })
+
+  it('splits a turn at 4 MiB of bodies', async () => {
+    const keys = ['m0', 'm1', 'm2']
+    await reserveAll(keys)
+    const before = db.count
+    const big = (key: string) => key.repeat(768 * 1024) // 1.5 MiB each
+    const applied = await Promise.all(keys.map((key) =>
+      store.complete(held(key), { replayable: true, response: response(200, big(key)), ttlMs: 60_000 })))
+    expect(applied).toEqual([true, true, true])
+    expect(db.count - before).toBe(2)
+    for (const key of keys) {
+      const replay = await replayOf(key)
+      expect(replay.kind === 'replay' && new TextDecoder().decode(replay.stored.body)).toBe(big(key))
+    }
+  })
+
   it('splits a turn of more than 100 completions into statements of at most 100', async () => {
     const keys = Array.from({ length: 150 }, (_, i) => `s${i}`)
     await reserveAll(keys)
@@ -108,12 +145,15 @@ describe.each(backends())('batched completions on $name', (backend) => {
     expect(db.count - before).toBe(2)
   })
 
-  it('without a schedule each completion is written at once, one statement each', async () => {
+  it('without a schedule only completions issued in one synchronous stretch share a statement', async () => {
     const plain = createStore(db)
-    await reserveAll(['x', 'y'])
+    await reserveAll(['x', 'y', 'z1', 'z2'])
     const before = db.count
     expect(await plain.complete(held('x'), { replayable: true, response: response(200, 'x'), ttlMs: 60_000 })).toBe(true)
     expect(await plain.complete(held('y'), { replayable: true, response: response(200, 'y'), ttlMs: 60_000 })).toBe(true)
     expect(db.count - before).toBe(2)
+    expect(await Promise.all(['z1', 'z2'].map((key) =>
+      plain.complete(held(key), { replayable: true, response: response(200, key), ttlMs: 60_000 })))).toEqual([true, true])
+    expect(db.count - before).toBe(3)
   })
 })

@@ -1,5 +1,5 @@
 import { concatBytes } from '../body.js'
-import type { Db } from './db.js'
+import { StoreError, type Db } from './db.js'
 import type { Held, StoredResponse } from './commands.js'
 
 /** What a finished request stores under its key. */
@@ -36,25 +36,34 @@ const maxBatchBodyBytes = 4 * 1024 * 1024
  * gateway and the database less than two full round trips. Each completion
  * applies only while its request still owns the in-flight record, exactly as
  * a statement of its own would, and resolves to false when it no longer does.
- * If a batch of several fails, each of its completions is retried alone, so
- * one bad row cannot fail the requests it happened to share a turn with.
+ * If a batch of several fails on a row's data (SQLSTATE class 22 or 23), each
+ * of its completions is retried alone, so one bad row cannot fail the requests
+ * it happened to share a turn with; any other failure (a connection lost, the
+ * store down) fails the whole batch at once, as it would each statement.
+ * `drain()` writes what is pending and waits for every write under way: the
+ * store calls it before it closes, so no completion is left unwritten.
  *
  * @example
- * const complete = createCompleter(db, setImmediate)
- * const applied = await complete(held, { replayable: true, response, ttlMs: 86_400_000 })
+ * const completer = createCompleter(db, setImmediate)
+ * const applied = await completer.complete(held, { replayable: true, response, ttlMs: 86_400_000 })
+ * await completer.drain() // before the Db closes
  */
 export function createCompleter(db: Db, schedule: Schedule = queueMicrotask) {
   let batch: Pending[] = []
   let bodyBytes = 0
+  const writing = new Set<Promise<void>>()
 
   const flush = () => {
     const taken = batch
     batch = []
     bodyBytes = 0
-    if (taken.length > 0) void write(db, taken)
+    if (taken.length === 0) return
+    const written = write(db, taken)
+    writing.add(written)
+    void written.finally(() => writing.delete(written))
   }
 
-  return function complete(held: Held, completion: Completion): Promise<boolean> {
+  function complete(held: Held, completion: Completion): Promise<boolean> {
     return new Promise<boolean>((resolve, reject) => {
       const size = completion.replayable ? completion.response.body.byteLength : 0
       if (batch.length > 0 && (batch.length >= maxBatch || bodyBytes + size > maxBatchBodyBytes)) flush()
@@ -63,6 +72,13 @@ export function createCompleter(db: Db, schedule: Schedule = queueMicrotask) {
       bodyBytes += size
     })
   }
+
+  async function drain(): Promise<void> {
+    flush()
+    await Promise.all(writing)
+  }
+
+  return { complete, drain }
 }
 
 async function write(db: Db, batch: Pending[]): Promise<void> {
@@ -70,9 +86,15 @@ async function write(db: Db, batch: Pending[]): Promise<void> {
     const applied = await completeAll(db, batch)
     batch.forEach((p, i) => p.resolve(applied.has(i)))
   } catch (err) {
-    if (batch.length === 1) return batch[0]!.reject(err)
+    if (batch.length === 1 || !rowsFault(err)) return batch.forEach((p) => p.reject(err))
     await Promise.all(batch.map((p) => write(db, [p])))
   }
+}
+
+/** A failure caused by a row's values (data exception, integrity violation), not by the store. */
+function rowsFault(err: unknown): boolean {
+  const code = err instanceof StoreError ? err.sqlstate : undefined
+  return code !== undefined && (code.startsWith('22') || code.startsWith('23'))
 }
 
 /**

@@ -71,7 +71,8 @@ export type { Command, Held, IdempotencyClaim, KeyState, Reservation, StoredResp
 
 /**
  * Everything the gateway asks of its database. Each method is one statement,
- * so each decision is atomic and costs one round trip.
+ * so each decision is atomic and costs one round trip; `complete` may share its
+ * statement with the other completions of the same scheduled turn.
  */
 export interface Store {
   /** Presents the fence and reserves the idempotency key, in one statement (see commands.ts). */
@@ -114,9 +115,10 @@ export interface StoreOptions {
  * const store = createStore(await openPglite(), { schedule: setImmediate })
  */
 export function createStore(db: Db, options: StoreOptions = {}): Store {
+  const completer = createCompleter(db, options.schedule)
   return {
     reserve: (command) => reserve(db, command),
-    complete: createCompleter(db, options.schedule),
+    complete: completer.complete,
     release: (held) => release(db, held),
     markUnknown: (held) => markUnknown(db, held),
     getKey: (tenant, key) => getKey(db, tenant, key),
@@ -164,6 +166,10 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
       await db.sql`SELECT 1`
     },
 
-    close: () => db.close(),
+    async close() {
+      // A completion still waiting for its turn's flush is written before the connections go.
+      await completer.drain()
+      await db.close()
+    },
   }
 }
