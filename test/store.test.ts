@@ -1,3 +1,4 @@
+import postgres from 'postgres'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { readAuditPage } from '../src/admin.js'
 import { StoreError } from '../src/store/db.js'
@@ -133,6 +134,22 @@ describe.each(backends())('store on $name', (backend) => {
     expect(tables).toEqual([])
     const [{ max }] = await t.db.sql<{ max: number }>`SELECT max(id)::int AS max FROM fg_migrations`
     expect(max).toBe(current.at(-1)!.id)
+  })
+
+  it.runIf(backend.name === 'postgres')('a key that is not lease-bound never touches the job table: the lease check is a function only lease routes call', async () => {
+    const other = postgres(t.url!, { max: 1, onnotice: () => {} })
+    try {
+      await other.begin(async (tx) => {
+        await tx`LOCK TABLE fg_jobs IN ACCESS EXCLUSIVE MODE`
+        // With fg_jobs in its plan, reserve would wait for this lock, which is held until it answers.
+        const keyed = command('invoice:1', '5', {
+          idempotency: { key: 'k', fingerprint: 'f', ownerToken: 'o', lockMs: 30_000, ttlMs: 60_000, retryUnknown: false },
+        })
+        expect(await t.store.reserve(keyed)).toMatchObject({ kind: 'proceed' })
+      })
+    } finally {
+      await other.end()
+    }
   })
 
   it('turns a store that went away into a StoreError', async () => {
