@@ -63,7 +63,7 @@ const liveOf = (pass: Measured[]) => Math.min(...runsOf(pass).map((r) => r.memor
 export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKiB: number | undefined; primedPeakKiB: number | undefined; store: BenchStore; options: BenchOptions }): void {
   const { passes, ends, store, options } = o
   const p = (r: Measured, q: number) => r.tally.latencies.percentile(q)
-  const windowed = passes.every((pass) => pass.every((r) => r.memory.windowed))
+  const windowed = passes.every((pass) => runsOf(pass).every((r) => r.memory.windowed))
 
   passes.forEach((pass, i) => {
     console.log('')
@@ -76,7 +76,12 @@ export function report(o: { passes: Measured[][]; ends: PassEnd[]; startupPeakKi
       console.log(`${r.scenario.name.padEnd(12)} ${r.scenario.what.padEnd(36)} ${String(t.requests).padStart(8)} ${fmt(t.seconds, 1).padStart(5)} ${fmt(t.rps).padStart(7)} ${fmt(p(r, 50), 2).padStart(7)} ${fmt(p(r, 99), 2).padStart(7)} ${String(t.non2xx).padStart(7)} ${String(t.replayed).padStart(8)}  ${fmt(ratio * 100, 1).padStart(6)}%${target}`)
     }
     for (const r of pass) {
-      if (r.baseline) console.log(`${r.scenario.name}: baseline: passthrough ${r.baseline.map((b) => fmt(b.tally.rps)).join(' req/s before, ')} req/s after`)
+      if (r.baseline) {
+        const [a, b] = r.baseline.map((x) => x.tally.rps) as [number, number]
+        const spread = Math.abs(a - b) / Math.min(a, b)
+        const run = (x: Measured, when: string) => `${fmt(x.tally.rps)} req/s ${when} (postgres ${fmt(x.cpu.postgres, 2)}, other ${fmt(x.cpu.other, 2)} cores)`
+        console.log(`${r.scenario.name}: baseline: passthrough ${run(r.baseline[0], 'before')}, ${run(r.baseline[1], 'after')}${spread > 0.15 ? `; the two differ by ${fmt(spread * 100)}%: the machine's speed moved around this scenario` : ''}`)
+      }
       if (r.prepared) console.log(`${r.scenario.name}: prepared: ${r.prepared}`)
       const check = replayCheck(r)
       if (check) console.log(`${r.scenario.name}: replay check ${check.ok ? 'ok' : 'FAILED'}: ${check.text}`)
