@@ -103,7 +103,7 @@ describe.each(backends())('metrics on $name', (backend) => {
     expect(delta('fencegate_requests_total', { route: 'capture', outcome: 'rejected', code: 'fence_required' })).toBe(1)
     expect(delta('fencegate_requests_total', { outcome: 'rejected', code: 'no_route' })).toBe(1)
     expect(delta('fencegate_request_duration_seconds_count', { route: 'capture', outcome: 'rejected' })).toBe(2)
-    // The forward and the replay both had fence 5 accepted and written; the stale fence 4 was not.
+    // The forward and the replay both had fence 5 accepted (the replay writes nothing); the stale fence 4 was not.
     expect(delta('fencegate_highest_fence_updates_total', { route: 'capture' })).toBe(2)
     expect(delta('fencegate_upstream_duration_seconds_count', { route: 'capture' })).toBe(1)
     expect(delta('fencegate_store_duration_seconds_count', { call: 'reserve', result: 'ok' })).toBe(3)

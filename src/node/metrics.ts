@@ -38,7 +38,7 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const requestSeconds = new Histogram({ name: 'fencegate_request_duration_seconds', help: 'Data-plane time to decide and answer (to the response headers), by route and outcome', labelNames: ['route', 'outcome'], buckets: latencyBuckets, registers })
   const upstreamSeconds = new Histogram({ name: 'fencegate_upstream_duration_seconds', help: 'Upstream time to response headers per forward attempt, answered or not, by route', labelNames: ['route'], buckets: latencyBuckets, registers })
   const storeSeconds = new Histogram({ name: 'fencegate_store_duration_seconds', help: 'Store statement latency by call and result (ok, error)', labelNames: ['call', 'result'], buckets: latencyBuckets, registers })
-  const fenceUpdates = new Counter({ name: 'fencegate_highest_fence_updates_total', help: 'Accepted fences written as their entity\'s highest fence, by route', labelNames: ['route'], registers })
+  const fenceUpdates = new Counter({ name: 'fencegate_highest_fence_updates_total', help: 'Fences accepted as their entity\'s highest fence (replays included), by route', labelNames: ['route'], registers })
   const ruleVersion = options.ruleVersion
   if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
   const idempotency = new Gauge({ name: 'fencegate_idempotency_records', help: 'Unexpired idempotency records by state, read at scrape time', labelNames: ['state'], registers })
