@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest'
 import { FencegateClient, LeaseLost, type Lease, type WorkEvent } from '../src/client/index.js'
 import { backends, type TestDb } from './helpers/backends.js'
-import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startRelay, type Relay } from './helpers/relay.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
@@ -40,7 +40,8 @@ describe.skipIf(!postgres)('the partition test: two gateway processes on one Pos
       job_types: [{ name: 'report', lease: '2s' }],
       routes: [{ name: 'report-step', method: 'POST', path: '/reports/:job/:step', upstream: upstream.url, entity: 'job:{header.X-Job-Id}', fence: 'lease', idempotency: 'required' }],
     })
-    gateways = await Promise.all([1, 2].map(() => startGatewayProcess(['--config', config, '--database-url', t.url!])))
+    const args = ['--config', config, '--database-url', t.url!]
+    gateways = await startGatewayProcesses([args, args])
     const [g1, g2] = gateways as [GatewayProcess, GatewayProcess]
     relay = await startRelay(Number(new URL(g1.dataUrl).port))
     const w1 = new FencegateClient({ baseUrl: relay.url })

@@ -1,8 +1,11 @@
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { checkFenceOrder, installFenceLog, type Outcome } from './helpers/fence-log.js'
 import { post } from './helpers/gateway.js'
-import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startGatewayProcess, startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const postgres = backends().find((b) => b.name === 'postgres')
@@ -21,7 +24,8 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
       log: { level: 'info' },
       routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: upstream.url, entity: 'invoice:{params.invoice_id}' }],
     })
-    gateways = await Promise.all([1, 2].map(() => startGatewayProcess(['--config', config, '--database-url', t.url!])))
+    const args = ['--config', config, '--database-url', t.url!]
+    gateways = await startGatewayProcesses([args, args])
   })
   afterAll(async () => {
     await Promise.all(gateways.map((g) => g.stop()))
@@ -45,5 +49,21 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
 
   it('stop cleanly on SIGTERM', async () => {
     expect(await Promise.all(gateways.map((g) => g.stop()))).toEqual([0, 0])
+  })
+})
+
+describe('starting gateway processes together', () => {
+  it('a gateway that fails to start does not leave the one started beside it running', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-siblings-'))
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0 },
+      log: { level: 'info' },
+      routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: 'http://127.0.0.1:9', entity: 'invoice:{params.invoice_id}' }],
+    })
+    const healthy = ['--config', config, '--data-dir', join(dir, 'store')]
+    await expect(startGatewayProcesses([healthy, ['--config', join(dir, 'missing.yaml')]])).rejects.toThrow(/gateway exited/)
+    // The healthy one held its data directory's lock: another gateway gets it only once that one stopped.
+    const next = await startGatewayProcess(healthy)
+    expect(await next.stop()).toBe(0)
   })
 })

@@ -75,3 +75,18 @@ export function startGatewayProcess(args: string[], env: Record<string, string |
     })
   })
 }
+
+/**
+ * Starts a gateway per argument list, all at once. If any fails to start, the ones that
+ * did are stopped before the failure is thrown: a test that fails there must not leave a
+ * gateway running (one did, for an hour, after a failed start of its sibling).
+ */
+export async function startGatewayProcesses(argLists: string[][]): Promise<GatewayProcess[]> {
+  const started = await Promise.allSettled(argLists.map((args) => startGatewayProcess(args)))
+  const failed = started.find((s): s is PromiseRejectedResult => s.status === 'rejected')
+  if (failed) {
+    await Promise.all(started.map((s) => (s.status === 'fulfilled' ? s.value.stop() : undefined)))
+    throw failed.reason
+  }
+  return started.map((s) => (s as PromiseFulfilledResult<GatewayProcess>).value)
+}
