@@ -66,4 +66,19 @@ describe('starting gateway processes together', () => {
     const next = await startGatewayProcess(healthy)
     expect(await next.stop()).toBe(0)
   })
+
+  it('a SIGTERM sent the moment a gateway logs listening drains it and exits 0, never kills it', async () => {
+    // The signal handlers used to be installed only after start-up returned, just after the
+    // `listening` line: a SIGTERM in between killed the process (exit by signal, no drain).
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0 },
+      log: { level: 'info' },
+      routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: 'http://127.0.0.1:9', entity: 'invoice:{params.invoice_id}' }],
+    })
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-sigterm-'))
+    for (let i = 0; i < 3; i++) {
+      const gateway = await startGatewayProcess(['--config', config, '--data-dir', join(dir, `store-${i}`)])
+      expect(await gateway.stop()).toBe(0)
+    }
+  })
 })

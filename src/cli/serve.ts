@@ -11,16 +11,27 @@ export async function runServe(flags: Flags): Promise<number> {
   if (adminPort !== undefined) config.server.admin_port = adminPort
   const dataDir = stringFlag(flags, 'data-dir')
   if (dataDir !== undefined) config.store.data_dir = dataDir
-  const gateway = await startGateway({ config, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
-  await new Promise<void>((resolve) => {
-    const shutdown = () => {
+  // The handlers go in before the gateway starts: a SIGTERM sent as soon as it logs
+  // `listening` (an orchestrator, a test) must drain it, not kill it, and one sent while it
+  // starts stops it as soon as it is up.
+  let shutdown = () => {}
+  const stopRequested = new Promise<void>((resolve) => {
+    shutdown = () => {
       process.off('SIGINT', shutdown)
       process.off('SIGTERM', shutdown)
       resolve()
     }
-    process.on('SIGINT', shutdown)
-    process.on('SIGTERM', shutdown)
   })
+  process.on('SIGINT', shutdown)
+  process.on('SIGTERM', shutdown)
+  let gateway: Awaited<ReturnType<typeof startGateway>>
+  try {
+    gateway = await startGateway({ config, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
+  } catch (err) {
+    shutdown()
+    throw err
+  }
+  await stopRequested
   await gateway.close()
   return 0
 }
