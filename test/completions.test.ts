@@ -2,19 +2,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { StoreError, type Db } from '../src/store/db.js'
 import { createStore, type Command, type Held, type Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
-
-/** Counts statements: one call is one round trip. */
-function counting(db: Db): Db & { count: number } {
-  const wrapped = {
-    ...db,
-    count: 0,
-    sql(strings: TemplateStringsArray, ...values: Parameters<Db['sql']>[1][]) {
-      wrapped.count++
-      return db.sql(strings, ...values)
-    },
-  }
-  return wrapped as Db & { count: number }
-}
+import { counting } from './helpers/counting.js'
 
 const command = (key: string, owner: string): Command => ({
   tenant: 'default', route: 'capture', entity: `invoice:${key}`, fence: '1', method: 'POST', path: `/p/${key}`,

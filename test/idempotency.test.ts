@@ -3,24 +3,12 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import type { Db } from '../src/store/db.js'
 import { createStore } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
+import { counting } from './helpers/counting.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const idem = (overrides: Record<string, unknown> = {}) => ({ idempotency: 'required', ...overrides })
 const keyed = (key: string, extra: Record<string, string> = {}) => ({ headers: { 'idempotency-key': key, ...extra } })
-
-/** Counts statements sent to the database: one call is one round trip. */
-function counting(db: Db): Db & { count: number } {
-  const wrapped = {
-    ...db,
-    count: 0,
-    sql(strings: TemplateStringsArray, ...values: Parameters<Db['sql']>[1][]) {
-      wrapped.count++
-      return db.sql(strings, ...values)
-    },
-  }
-  return wrapped as Db & { count: number }
-}
 
 describe.each(backends())('idempotency on $name', (backend) => {
   let t: TestDb
