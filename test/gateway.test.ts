@@ -231,7 +231,19 @@ describe.each(backends())('gateway on $name', (backend) => {
       res.writeHead(200, { 'content-type': 'application/octet-stream' })
       const chunk = Buffer.alloc(64 * 1024, 1)
       for (let i = 0; i < 4000 && !res.destroyed; i++) {
-        if (!res.write(chunk)) await new Promise((resolve) => { res.once('drain', resolve); res.once('close', resolve) })
+        if (!res.write(chunk)) {
+          // Whichever comes first; the other listener goes too, or every drain would leave a
+          // 'close' listener behind (MaxListenersExceededWarning after ten).
+          await new Promise<void>((resolve) => {
+            const done = () => {
+              res.off('drain', done)
+              res.off('close', done)
+              resolve()
+            }
+            res.once('drain', done)
+            res.once('close', done)
+          })
+        }
       }
       res.end()
     })
