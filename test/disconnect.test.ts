@@ -27,7 +27,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { stringify } from 'yaml'
 import { post } from './helpers/gateway.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { drainedOrClosed, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /** The built CLI; `npm test` builds it first (pretest). */
 const cli = join(import.meta.dirname, '../dist/src/cli/main.js')
@@ -183,16 +183,7 @@ describe('the gateway process, under clients that disconnect', () => {
       res.writeHead(200, { 'content-type': 'application/octet-stream' })
       void (async () => {
         for (let i = 0; i < 512 && !res.destroyed; i++) {
-          if (res.write(chunk)) continue
-          await new Promise<void>((resolve) => {
-            const go = () => {
-              res.off('drain', go)
-              res.off('close', go)
-              resolve()
-            }
-            res.on('drain', go)
-            res.on('close', go)
-          })
+          if (!res.write(chunk)) await drainedOrClosed(res)
         }
         res.end()
       })()

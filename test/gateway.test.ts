@@ -3,7 +3,7 @@ import { connect } from 'node:net'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { closedPort, drainedOrClosed, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
  * POSTs over node:http, which sends header lines as given: a header twice, or a
@@ -231,19 +231,7 @@ describe.each(backends())('gateway on $name', (backend) => {
       res.writeHead(200, { 'content-type': 'application/octet-stream' })
       const chunk = Buffer.alloc(64 * 1024, 1)
       for (let i = 0; i < 4000 && !res.destroyed; i++) {
-        if (!res.write(chunk)) {
-          // Whichever comes first; the other listener goes too, or every drain would leave a
-          // 'close' listener behind (MaxListenersExceededWarning after ten).
-          await new Promise<void>((resolve) => {
-            const done = () => {
-              res.off('drain', done)
-              res.off('close', done)
-              resolve()
-            }
-            res.once('drain', done)
-            res.once('close', done)
-          })
-        }
+        if (!res.write(chunk)) await drainedOrClosed(res)
       }
       res.end()
     })

@@ -82,3 +82,20 @@ export function gate(): { opened: Promise<void>; open: () => void } {
   const opened = new Promise<void>((resolve) => (open = resolve))
   return { opened, open }
 }
+
+/**
+ * Resolves when a response that refused a write can take more (`drain`) or is gone
+ * (`close`), whichever comes first, and removes both listeners: leaving one behind per
+ * wait made Node warn about a listener leak after ten.
+ */
+export function drainedOrClosed(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      res.off('drain', done)
+      res.off('close', done)
+      resolve()
+    }
+    res.once('drain', done)
+    res.once('close', done)
+  })
+}
