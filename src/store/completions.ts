@@ -13,7 +13,7 @@ export interface Completion {
  * When a batch of completions is written: called with the flush once per batch,
  * when its first completion arrives. Node passes `setImmediate`, so every
  * completion of one event-loop turn shares one statement; the default
- * (`queueMicrotask`) flushes almost at once, a batch of about one.
+ * (`queueMicrotask`) batches only completions issued in one synchronous stretch.
  */
 export type Schedule = (flush: () => void) => void
 
@@ -109,8 +109,7 @@ async function completeAll(db: Db, batch: Pending[]): Promise<Set<number>> {
     const body = c.replayable ? c.response.body : new Uint8Array(0)
     bodies.push(body)
     const row = {
-      i, tenant: held.tenant, key: held.key, owner_token: held.ownerToken,
-      state: c.replayable ? 'completed' : 'not_replayable', replayable: c.replayable,
+      i, tenant: held.tenant, key: held.key, owner_token: held.ownerToken, replayable: c.replayable,
       status: c.response.status, headers: c.response.headers, offset, length: body.byteLength, ttl_ms: c.ttlMs,
     }
     offset += body.byteLength
