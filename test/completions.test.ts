@@ -86,6 +86,19 @@ describe.each(backends())('batched completions on $name', (backend) => {
     expect(db.count).toBe(3 + 1 + 3)
   })
 
+  it('duplicates racing a batch of completions never deadlock: each gets in progress or the replay', async () => {
+    // A batch holds its rows' locks until it commits; duplicates lock a fence row, then a key row.
+    const keys = Array.from({ length: 40 }, (_, i) => `race${i}`)
+    await reserveAll(keys)
+    const duplicates = keys.flatMap((key) => [key, key]).reverse().map(async (key) => (await replayOf(key)).kind)
+    const completions = keys.map((key) =>
+      store.complete(held(key), { replayable: true, response: response(200, key), ttlMs: 60_000 }))
+    const [kinds, applied] = await Promise.all([Promise.all(duplicates), Promise.all(completions)])
+    expect(applied.every(Boolean)).toBe(true)
+    expect(kinds.filter((k) => k !== 'in_progress' && k !== 'replay')).toEqual([])
+    for (const key of keys) expect((await replayOf(key)).kind).toBe('replay')
+  })
+
   it('a lost store fails the whole batch at once, without a retry per completion', async () => {
     await reserveAll(['p', 'q', 'r'])
     const before = db.count
