@@ -19,7 +19,7 @@ import { storeCode, type Db } from './store/db.js'
 import { migrate } from './store/migrate.js'
 import { loadMigrations } from './store/migrations-fs.js'
 import { openPglite } from './store/pglite.js'
-import { connectPostgres } from './store/postgres.js'
+import { connectPostgres, type PostgresOptions } from './store/postgres.js'
 import { createStore, type Store } from './store/store.js'
 import { startRuleRegistry, type RuleRegistry } from './rules/registry.js'
 
@@ -29,8 +29,8 @@ export function databaseUrlFor(config: Config, explicit: string | undefined, env
 }
 
 /** Opens the Db for a URL (PostgreSQL) or a data directory (embedded PGlite) and migrates it. */
-export async function openDb(url: string | undefined, dataDir: string): Promise<Db> {
-  const db = url ? connectPostgres(url) : await openPglite(dataDir)
+export async function openDb(url: string | undefined, dataDir: string, options: PostgresOptions = {}): Promise<Db> {
+  const db = url ? connectPostgres(url, options) : await openPglite(dataDir)
   try {
     await migrate(db, loadMigrations())
     return db
@@ -68,7 +68,7 @@ export async function startGateway(options: {
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const attest = await attestationSigner(config)
-  const db = await openDb(options.databaseUrl, config.store.data_dir)
+  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler })
   const metrics = createPromMetrics({
     readGauges: () => readStoreGauges(db),
     ruleVersion: () => rules.current().version,

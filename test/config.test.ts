@@ -66,7 +66,7 @@ describe('parseConfig defaults', () => {
       max_header_bytes: 16 * 1024,
     })
     expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
-    expect(config.store).toEqual({ data_dir: '.fencegate' })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none' })
     expect(config.store.url).toBeUndefined()
     expect(config.log).toEqual({ level: 'info' })
     expect(config.routes).toHaveLength(1)
@@ -83,7 +83,7 @@ describe('parseConfig defaults', () => {
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
     expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384 })
-    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate' })
+    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none' })
   })
 
   it('accepts the fencegate.example.yaml shape', () => {
@@ -220,6 +220,9 @@ describe('parseConfig rejects invalid values, naming the field', () => {
     ['mysql store url', { store: { url: 'mysql://h/db' } }, 'store.url', 'postgres://'],
     ['store url without scheme', { store: { url: 'localhost:5432' } }, 'store.url'],
     ['empty data_dir', { store: { data_dir: '' } }, 'store.data_dir'],
+    ['connect_timeout under 100ms', { store: { connect_timeout: '50ms' } }, 'store.connect_timeout', 'at least 100ms'],
+    ['connect_timeout over 60s', { store: { connect_timeout: '2m' } }, 'store.connect_timeout', 'at most 60s'],
+    ['unknown pooler mode', { store: { pooler: 'session' } }, 'store.pooler'],
     // log
     ['unknown log level', { log: { level: 'verbose' } }, 'log.level'],
     // unknown keys at every level
@@ -396,7 +399,7 @@ describe('${VAR} expansion', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL}, data_dir: .fencegate }\n${routeYaml()}`, {
       DATABASE_URL: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require',
     })
-    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate' })
+    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none' })
   })
 
   it('expands a value containing "," and "}" inside a flow mapping without breaking it', () => {
@@ -404,7 +407,7 @@ describe('${VAR} expansion', () => {
       DATABASE_URL: 'postgres://h/db?options=a,b}',
       DIR: '/var/lib/fg, x',
     })
-    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x' })
+    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x', connect_timeout: 1000, pooler: 'none' })
   })
 
   it('expands a variable inside a longer string', () => {
@@ -443,7 +446,7 @@ describe('${VAR} expansion', () => {
 
   it('${VAR:-} inside a flow mapping also leaves store.url absent', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL:-}, data_dir: .fencegate }\n${routeYaml()}`, {})
-    expect(config.store).toEqual({ data_dir: '.fencegate' })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none' })
   })
 
   it('an unset ${VAR} is an error naming the variable and the field', () => {

@@ -1,5 +1,7 @@
 import { loadConfigFile } from '../config/load.js'
 import { databaseUrlFor, startGateway } from '../node.js'
+import { createPinoLogger } from '../node/log.js'
+import { installProcessPolicy } from '../node/process-policy.js'
 import { portFlag, stringFlag, type Flags } from './usage.js'
 
 /** `fencegate serve`: runs until SIGINT or SIGTERM, then drains and exits. */
@@ -24,9 +26,11 @@ export async function runServe(flags: Flags): Promise<number> {
   })
   process.on('SIGINT', shutdown)
   process.on('SIGTERM', shutdown)
+  const log = createPinoLogger(config.log.level)
+  installProcessPolicy(log)
   let gateway: Awaited<ReturnType<typeof startGateway>>
   try {
-    gateway = await startGateway({ config, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
+    gateway = await startGateway({ config, log, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
   } catch (err) {
     shutdown()
     throw err

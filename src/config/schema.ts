@@ -183,6 +183,11 @@ export const configSchema = z.object({
       z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
     ),
     data_dir: z.string().min(1).default('.fencegate'),
+    // Bounds every refusal while PostgreSQL is unreachable (docs/operations.md).
+    connect_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(60_000, 'must be at most 60s')).default(1000),
+    // `transaction` behind a pooler in transaction mode (PgBouncer): each statement may run on
+    // another server connection, so none may rely on a prepared statement or a pipeline.
+    pooler: z.enum(['none', 'transaction']).default('none'),
   }).strict().prefault({}),
   log: z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),

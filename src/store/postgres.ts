@@ -4,24 +4,72 @@ import { passThrough, toParams, storeUnlisten, toStoreError, type Db, type SqlVa
 export interface PostgresOptions {
   /** Pool size; the default suits one gateway process. */
   max?: number
+  /**
+   * How long a statement may wait for a connection to open, in milliseconds (default 1000,
+   * `store.connect_timeout`). With the store unreachable, this bounds every refusal.
+   */
+  connectTimeoutMs?: number
+  /**
+   * `transaction` behind a pooler in transaction mode (PgBouncer before 1.21): no named
+   * prepared statements (the next statement may land on another server connection) and
+   * pipelines at most one deep (deeper ones hung there, test/pgbouncer.test.ts).
+   */
+  pooler?: 'none' | 'transaction'
 }
 
 /**
  * A Db on PostgreSQL through postgres.js. Statements are prepared and every
  * commit is durable (the server's synchronous_commit decides, default on).
  *
+ * Connection health is owned here: no per-connection type lookup (its promise had no
+ * listener, and a connection dropped right after opening crashed the process), a short
+ * jittered reconnect delay per connection instead of postgres.js's, which grows with a
+ * retry count the whole pool shares (up to 20 s), and one retry, on a fresh connection,
+ * of a statement that failed before it could have reached the server.
+ *
  * @example
- * const db = connectPostgres('postgres://postgres@127.0.0.1:5432/fencegate')
+ * const db = connectPostgres('postgres://postgres@127.0.0.1:5432/fencegate', { connectTimeoutMs: 1000 })
  */
 export function connectPostgres(url: string, options: PostgresOptions = {}): Db {
   const client = postgres(url, {
     max: options.max ?? 20,
-    connect_timeout: 5,
+    // postgres.js takes seconds; fractions work (it multiplies by 1000 for its timer).
+    connect_timeout: (options.connectTimeoutMs ?? 1000) / 1000,
     idle_timeout: 60,
+    // fencegate binds no array parameters and reads no array columns.
+    fetch_types: false,
+    prepare: options.pooler !== 'transaction',
+    // max_pipeline 1: a connection queues at most one statement behind the running one (100 by
+    // default). With deep pipelines, requests through PgBouncer 1.18 hung in the test.
+    ...(options.pooler === 'transaction' ? { max_pipeline: 1 } : {}),
+    backoff: reconnectDelaySeconds,
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
   return { ...wrap(client), listen: (channel, onNotify, onReconnect) => listenOn(client, channel, onNotify, onReconnect) }
+}
+
+/**
+ * The wait before a closed connection reconnects: 50–250 ms at random, whatever the pool's
+ * shared retry count says. The jitter keeps a pool's connections from reconnecting in step
+ * after a restart; the cap keeps the first request after the store returns fast.
+ */
+export function reconnectDelaySeconds(): number {
+  return 0.05 + Math.random() * 0.2
+}
+
+/**
+ * Failures that prove the statement never reached a server: the connection it was queued
+ * on could not be opened (refused, unresolvable, timed out, or the server is still starting).
+ * Only these are retried. A connection that broke after the statement was written (a reset,
+ * `57P01` from `pg_terminate_backend`) may have committed it, and is never retried.
+ */
+const neverSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'CONNECT_TIMEOUT', '57P03'])
+
+/** Whether a driver error proves its statement was not sent (see `neverSent`). */
+export function failedBeforeSending(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code
+  return typeof code === 'string' && neverSent.has(code)
 }
 
 /**
@@ -46,8 +94,15 @@ function wrap(sql: postgres.Sql | postgres.TransactionSql): Db {
   const db: Db = {
     kind: 'postgres',
     async sql<T>(strings: TemplateStringsArray, ...values: SqlValue[]): Promise<T[]> {
+      const params = toParams(values) as never[]
       try {
-        return (await sql(strings, ...(toParams(values) as never[]))) as unknown as T[]
+        return (await sql(strings, ...params)) as unknown as T[]
+      } catch (err) {
+        // Inside a transaction the connection is the transaction's: no fresh one to retry on.
+        if (!failedBeforeSending(err) || !('begin' in sql)) throw toStoreError(err)
+      }
+      try {
+        return (await sql(strings, ...params)) as unknown as T[]
       } catch (err) {
         throw toStoreError(err)
       }
