@@ -140,7 +140,8 @@ export async function ruleHistory(db: Db, name: string, limit: number): Promise<
   const rows = await db.sql<HistoryRow>`
     SELECT version::text AS version, name, kind, rule::text AS rule, changed_by,
            to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS changed_at, source
-    FROM fg_rule_versions WHERE name = ${name} ORDER BY version DESC LIMIT ${limit}`
+    FROM fg_rule_versions WHERE name = ${name}
+    ORDER BY fg_rule_versions.version DESC LIMIT ${limit}` // the bigint column, not the text alias
   return rows.map((r) => ({ ...r, version: Number(r.version), rule: r.rule === null ? null : JSON.parse(r.rule) as RawRule }))
 }
 

@@ -146,8 +146,9 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
           AND (${q.sinceMs}::bigint IS NULL OR at >= now() - ${q.sinceMs}::bigint * interval '1 millisecond')
           AND (${q.until}::timestamptz IS NULL OR at < ${q.until}::timestamptz)
           AND (${q.untilMs}::bigint IS NULL OR at < now() - ${q.untilMs}::bigint * interval '1 millisecond')
-          AND (${q.before}::bigint IS NULL OR id < ${q.before}::bigint)
-        ORDER BY id DESC
+          AND (${q.before}::bigint IS NULL OR fg_audit.id < ${q.before}::bigint)
+        -- The table's bigint column, not the text alias of the same name: ids must sort as numbers.
+        ORDER BY fg_audit.id DESC
         LIMIT ${q.limit}`
     },
 
