@@ -16,6 +16,8 @@ import { prepareStore, type BenchStore } from './store.js'
 
 // `npm run bench -- leases` is the lease service's own bench (bench/leases.ts); the rest of this file never runs then.
 if (process.argv[2] === 'leases') process.exit(await (await import('./leases.js')).runLeasesBench(process.argv.slice(3)))
+// `npm run bench -- faults`: the store-fault run (bench/faults.ts).
+if (process.argv[2] === 'faults') process.exit(await (await import('./faults.js')).runFaultsBench())
 
 export interface Scenario {
   name: ScenarioName

@@ -4,8 +4,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { stringify } from 'yaml'
 
-/** The built CLI; `npm test` builds it first (pretest). */
-export const cli = join(import.meta.dirname, '../../dist/src/cli/main.js')
+/** The built CLI; `npm test` builds it first (pretest). From dist/test/helpers (the faults bench) it is a sibling tree. */
+export const cli = join(import.meta.dirname, import.meta.dirname.includes('/dist/test/') ? '../../src/cli/main.js' : '../../dist/src/cli/main.js')
 
 export function writeConfig(config: Record<string, unknown>): string {
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-'))

@@ -1,0 +1,147 @@
+import { execFileSync, spawnSync } from 'node:child_process'
+import { spawn } from 'node:child_process'
+import { chmodSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+
+/**
+ * A throwaway PostgreSQL cluster of a fault test's own: `initdb` into a temporary
+ * directory, `pg_ctl` on a free loopback port. The test stops, kills and restarts it as it
+ * pleases; the shared server at DATABASE_URL is never touched.
+ */
+export interface Cluster {
+  url: string
+  port: number
+  /** `pg_ctl stop` with the given mode (`immediate` is a crash: no checkpoint, clients cut). */
+  stop(mode?: 'fast' | 'immediate'): void
+  start(): void
+  /** Terminates every backend whose application_name is `app`; resolves to how many. */
+  terminate(app: string): Promise<number>
+  destroy(): void
+}
+
+/** The directory holding initdb and pg_ctl, or undefined when they are not installed. */
+export function postgresBinaries(): string | undefined {
+  const onPath = spawnSync('sh', ['-c', 'command -v initdb'], { encoding: 'utf8' }).stdout.trim()
+  if (onPath) return join(onPath, '..')
+  const base = '/usr/lib/postgresql'
+  if (!existsSync(base)) return undefined
+  const version = readdirSync(base).sort((a, b) => Number(b) - Number(a))[0]
+  const dir = version && join(base, version, 'bin')
+  return dir && existsSync(join(dir, 'initdb')) ? dir : undefined
+}
+
+// PostgreSQL refuses to run as root; as root the cluster belongs to the `postgres` user.
+const asRoot = process.getuid?.() === 0
+
+// No pipes: the server that `pg_ctl start` leaves running would hold them open, and the
+// call would wait for it to exit. Its output goes to the cluster's log file instead.
+function run(bin: string, args: string[]): void {
+  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
+  execFileSync(cmd, argv, { stdio: 'ignore' })
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer()
+    server.once('error', reject)
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number }
+      server.close(() => resolve(port))
+    })
+  })
+}
+
+/** Creates and starts a cluster; durable commits, as in production. */
+export async function startCluster(bin: string): Promise<Cluster> {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-cluster-'))
+  chmodSync(dir, 0o777)
+  const data = join(dir, 'data')
+  const port = await freePort()
+  run(join(bin, 'initdb'), ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-instructions'])
+  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=100 -c fsync=on`
+  const start = () => run(join(bin, 'pg_ctl'), ['-D', data, '-o', opts, '-l', join(dir, 'log'), '-w', '-t', '30', 'start'])
+  start()
+  const url = `postgres://postgres@127.0.0.1:${port}/postgres`
+  return {
+    url,
+    port,
+    stop: (mode = 'fast') => run(join(bin, 'pg_ctl'), ['-D', data, '-m', mode, '-w', 'stop']),
+    start,
+    async terminate(app) {
+      const admin = postgres(url, { max: 1, onnotice: () => {}, fetch_types: false, connection: { application_name: 'fault-test' } })
+      try {
+        const rows = await admin<{ pid: number }[]>`
+          SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ${app} AND pid <> pg_backend_pid()`
+        return rows.length
+      } finally {
+        await admin.end({ timeout: 1 })
+      }
+    },
+    destroy() {
+      try {
+        run(join(bin, 'pg_ctl'), ['-D', data, '-m', 'immediate', '-w', 'stop'])
+      } catch {
+        // Already stopped.
+      }
+      rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+/** The PgBouncer binary (Debian's `pgbouncer`), or undefined when it is not installed. */
+export function pgbouncerBinary(): string | undefined {
+  const found = spawnSync('sh', ['-c', 'command -v pgbouncer || ls /usr/sbin/pgbouncer'], { encoding: 'utf8' }).stdout.trim().split('\n')[0]
+  return found || undefined
+}
+
+export interface Pooler {
+  url: string
+  stop(): Promise<void>
+}
+
+/** PgBouncer in transaction mode in front of `cluster`: each transaction may get another server connection. */
+export async function startPgbouncer(bin: string, cluster: Cluster): Promise<Pooler> {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-pgbouncer-'))
+  chmodSync(dir, 0o777)
+  const port = await freePort()
+  writeFileSync(join(dir, 'users.txt'), '"postgres" ""\n')
+  writeFileSync(join(dir, 'pgbouncer.ini'), [
+    '[databases]', `* = host=127.0.0.1 port=${cluster.port}`,
+    '[pgbouncer]', 'listen_addr = 127.0.0.1', `listen_port = ${port}`, 'unix_socket_dir =',
+    'auth_type = trust', `auth_file = ${join(dir, 'users.txt')}`, 'pool_mode = transaction',
+    'default_pool_size = 5', 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits',
+  ].join('\n'))
+  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, join(dir, 'pgbouncer.ini')]] : [bin, [join(dir, 'pgbouncer.ini')]]
+  const child = spawn(cmd, argv, { stdio: 'ignore' })
+  const url = `postgres://postgres@127.0.0.1:${port}/postgres`
+  // Ready once it accepts a query (bounded: 100 tries).
+  for (let i = 0; ; i++) {
+    const probe = postgres(url, { max: 1, prepare: false, fetch_types: false, onnotice: () => {}, connect_timeout: 1 })
+    try {
+      await probe`SELECT 1`
+      break
+    } catch (err) {
+      if (i >= 100 || child.exitCode !== null) throw err
+      await new Promise((r) => setTimeout(r, 50))
+    } finally {
+      await probe.end({ timeout: 1 })
+    }
+  }
+  return {
+    url,
+    // SIGINT would wait for every client to leave; SIGTERM ends it at once. The signal goes to
+    // pgbouncer itself (by its config path), not to runuser, which may not pass it on.
+    stop: () => new Promise((resolve) => {
+      const done = () => {
+        rmSync(dir, { recursive: true, force: true })
+        resolve()
+      }
+      if (child.exitCode !== null || child.signalCode !== null) return done()
+      child.once('exit', done)
+      spawnSync('pkill', ['-TERM', '-f', join(dir, 'pgbouncer.ini')])
+    }),
+  }
+}
