@@ -37,12 +37,12 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number)
 }
 
 /** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
-export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, nodeOptions: string[], logFile: string | undefined, name = 'gateway'): Promise<{ url: string; child: Child }> {
+export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}): Promise<{ url: string; child: Child }> {
   const [port, adminPort] = [await freePort(), await freePort()]
   const configFile = join(dir, `${name}.yaml`)
   writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort))
   const child = startChild(name, new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile],
-    { ...process.env, DATABASE_URL: store.url }, nodeOptions, logFile)
+    { ...process.env, ...env, DATABASE_URL: store.url }, nodeOptions, logFile)
   await waitUntil(child, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
   return { url: `http://127.0.0.1:${port}`, child }
 }
