@@ -71,7 +71,7 @@ async function main(argv: string[]): Promise<number> {
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
   // A last resort so the bench always ends: every run at its own length plus generous setup.
-  const budgetMs = (options.rounds * options.cases.length * (options.warmup + options.duration + 30) + 300) * 1000
+  const budgetMs = ((options.rounds + 1) * options.cases.length * (options.prime + options.warmup + options.duration + 30) + 300) * 1000
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
     process.exit(1)
@@ -105,10 +105,13 @@ async function main(argv: string[]): Promise<number> {
       if (problem) console.log(`warning: ${c.name}: ${problem}`)
     }
 
-    // Priming, discarded: every case once before round 1, so every code path of every
-    // system is compiled and every pool open; a first run measured 3-4x the CPU per request.
-    console.log(`priming: every case for ${Math.max(2, options.warmup)} s, discarded...`)
-    for (const c of selected) if (!controller.signal.aborted) await warmUp(c, systems, traffic(c), { ...spec, seconds: Math.max(2, options.warmup) })
+    // Priming, discarded: every case once before round 1, so every code path of every system
+    // is compiled and every pool open. A fresh gateway's first runs of fg-off cost it several
+    // times the CPU per request of later ones (114, 259, 758 req/s in three 3 s runs).
+    if (options.prime > 0) {
+      console.log(`priming: every case for ${options.prime} s, discarded...`)
+      for (const c of selected) if (!controller.signal.aborted) await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })
+    }
     const results = await rounds(options, selected, systems, store, spec, traffic)
     if (controller.signal.aborted) {
       console.error('bench: interrupted')

@@ -44,7 +44,7 @@ export async function runProfile(argv: string[]): Promise<number> {
   })
   try {
     const traffic = trafficFactory(options)
-    console.log(`upstream: ${systems.upstreamWhat}; load: ${kind}, ${options.connections} connections, ${options.warmup} s warm-up + ${options.duration} s per case`)
+    console.log(`upstream: ${systems.upstreamWhat}; load: ${kind}, ${options.connections} connections, ${options.prime + options.warmup} s warm-up + ${options.duration} s profiled per case`)
     for (const c of selected) {
       const name = `${c.name}.cpuprofile`
       const hook = ['--import', new URL('./profiler-hook.js', import.meta.url).href]
@@ -53,7 +53,9 @@ export async function runProfile(argv: string[]): Promise<number> {
       try {
         if (c.traffic.key === 'replay') console.log(`replay pool: ${await completeKeys(gw.url, traffic(c), options.connections, controller.signal)}`)
         const spec = { url: gw.url, connections: options.connections, dir, signal: controller.signal }
-        if (options.warmup > 0) await runLoad(kind, { ...spec, seconds: options.warmup, traffic: traffic(c) })
+        // The priming and the warm-up of the bench, in one: a fresh gateway warms up slowly.
+        const warm = options.prime + options.warmup
+        if (warm > 0) await runLoad(kind, { ...spec, seconds: warm, traffic: traffic(c) })
         gw.child.process.kill('SIGUSR2')
         const r = await runLoad(kind, { ...spec, seconds: options.duration, traffic: traffic(c) })
         gw.child.process.kill('SIGUSR2')

@@ -11,6 +11,8 @@ export interface BenchOptions {
   duration: number
   /** Discarded seconds of load before each measured run. */
   warmup: number
+  /** Seconds of load per case in the priming pass before round 1, discarded. */
+  prime: number
   connections: number
   ids: number
   /** Completed keys the replay case draws from. */
@@ -34,7 +36,8 @@ const flags = {
   rounds: { type: 'string', help: 'interleaved rounds; medians are over rounds (default 3)' },
   duration: { type: 'string', help: 'measured seconds per case per round (default 10)' },
   warmup: { type: 'string', help: 'discarded seconds of load before each measured run (default 2)' },
-  quick: { type: 'boolean', help: 'a check that it works: --rounds 1 --duration 3 --warmup 1 unless given' },
+  prime: { type: 'string', help: 'seconds per case of the discarded priming pass before round 1 (default 5)' },
+  quick: { type: 'boolean', help: 'a check that it works: --rounds 1 --duration 3 --warmup 1 --prime 2 unless given' },
   connections: { type: 'string', help: 'concurrent connections (default 50)' },
   ids: { type: 'string', help: 'invoice ids the spread cases draw from (default 10000)' },
   'replay-keys': { type: 'string', help: 'completed keys the replay case draws from (default 1000)' },
@@ -100,6 +103,7 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     rounds: integer(str('rounds'), 'rounds', quick ? 1 : 3, 1, 20),
     duration: integer(str('duration'), 'duration', quick ? 3 : 10, 1, 600),
     warmup: integer(str('warmup'), 'warmup', quick ? 1 : 2, 0, 60),
+    prime: integer(str('prime'), 'prime', quick ? 2 : 5, 0, 120),
     connections: integer(str('connections'), 'connections', 50, 1, 1000),
     ids: integer(str('ids'), 'ids', 10_000, 1, 10_000_000),
     replayKeys: integer(str('replay-keys'), 'replay-keys', 1000, 1, 100_000),
