@@ -84,6 +84,9 @@ export async function isHealthy(url: string): Promise<boolean> {
   return res.status === 200
 }
 
+/** The name bench/leases.ts and older code know `listeningPort` by. */
+export const upstreamPort = (child: Child, timeoutMs?: number) => listeningPort(child, timeoutMs)
+
 /** A server child of the bench (bench/child.ts) prints its port as the first line on stdout. */
 export async function listeningPort(child: Child, timeoutMs = 10_000): Promise<number> {
   let port = 0
