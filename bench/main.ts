@@ -28,6 +28,9 @@ function line(c: Case, s: Sample): string {
     `proxy ${us(s.cpu.proxy)} µs/req  postgres ${us(s.cpu.postgres)} µs/req  non-2xx ${s.load.non2xx}  errors ${s.load.errors}`
 }
 
+/** Requests a case must have served in the priming pass (see main). */
+const primeRequests = 5000
+
 async function rounds(options: BenchOptions, selected: Case[], systems: Systems, store: BenchStore, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<Results> {
   const results: Results = new Map()
   for (let round = 1; round <= options.rounds && !spec.signal.aborted; round++) {
@@ -71,7 +74,7 @@ async function main(argv: string[]): Promise<number> {
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
   // A last resort so the bench always ends: every run at its own length plus generous setup.
-  const budgetMs = ((options.rounds + 1) * options.cases.length * (options.prime + options.warmup + options.duration + 30) + 300) * 1000
+  const budgetMs = (options.cases.length * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
     process.exit(1)
@@ -108,9 +111,16 @@ async function main(argv: string[]): Promise<number> {
     // Priming, discarded: every case once before round 1, so every code path of every system
     // is compiled and every pool open. A fresh gateway's first runs of fg-off cost it several
     // times the CPU per request of later ones (114, 259, 758 req/s in three 3 s runs).
+    // JIT tiers up by invocations, not seconds, so on a busy machine a case is primed again
+    // (up to three times) until it has served `primeRequests`.
     if (options.prime > 0) {
-      console.log(`priming: every case for ${options.prime} s, discarded...`)
-      for (const c of selected) if (!controller.signal.aborted) await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })
+      console.log(`priming: every case for ${options.prime} s (again, up to 3 times, until ${primeRequests} requests), discarded...`)
+      for (const c of selected) {
+        let served = 0
+        for (let i = 0; i < 3 && served < primeRequests && !controller.signal.aborted; i++) {
+          served += (await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })).requests
+        }
+      }
     }
     const results = await rounds(options, selected, systems, store, spec, traffic)
     if (controller.signal.aborted) {
