@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { cases, trafficFactory, type Case } from './cases.js'
-import { wrkAvailable } from './load.js'
+import { wrkAvailable, type LoadGenerator } from './load.js'
 import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
 import { parseOptions, usage, UsageError, type BenchOptions } from './run-options.js'
 import { memoryKiB } from './procs.js'
@@ -28,9 +28,6 @@ function line(c: Case, s: Sample): string {
     `proxy ${us(s.cpu.proxy)} µs/req  postgres ${us(s.cpu.postgres)} µs/req  non-2xx ${s.load.non2xx}  errors ${s.load.errors}`
 }
 
-/** Requests a case must have served in the priming pass (see main). */
-const primeRequests = 5000
-
 async function rounds(options: BenchOptions, selected: Case[], systems: Systems, store: BenchStore, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<Results> {
   const results: Results = new Map()
   for (let round = 1; round <= options.rounds && !spec.signal.aborted; round++) {
@@ -49,6 +46,62 @@ async function rounds(options: BenchOptions, selected: Case[], systems: Systems,
     }
   }
   return results
+}
+
+function printHeader(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems): void {
+  console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)${options.note ? `; ${options.note}` : ''}`)
+  console.log(`store: ${store.description}, ${store.location}`)
+  console.log(`upstream: ${systems.upstreamWhat}${systems.nginxNote ? `; ${systems.nginxNote}` : ''}`)
+  console.log(`load: ${kind === 'wrk' ? 'wrk, 1 thread' : 'autocannon'}, ${options.connections} connections, 32-byte JSON POST, ${options.rounds} interleaved round(s) of ${options.warmup} s warm-up + ${options.duration} s measured per case`)
+  console.log(`gateway: fencegate serve, node flags: ${options.gatewayNodeOptions.join(' ') || 'none (the defaults of `npx fencegate serve`)'}`)
+}
+
+/** Requests a case must have served in the priming pass. */
+const primeRequests = 5000
+
+/** Completes the replay pool, checks each case with one request, then primes every case. */
+async function prepareCases(options: BenchOptions, selected: Case[], systems: Systems, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<void> {
+  const gateway = systems.running.gateway
+  const replay = selected.find((c) => c.name === 'fg-replay')
+  if (gateway && replay) console.log(`replay pool: ${await completeKeys(gateway.url, traffic(replay), options.connections, spec.signal)}`)
+  for (const c of selected) {
+    const problem = await probeCase(c, systems.running[c.system]!.url, traffic(c))
+    if (problem) console.log(`warning: ${c.name}: ${problem}`)
+  }
+  // Priming, discarded: every case before round 1, so every code path of every system is
+  // compiled and every pool open. A fresh gateway's first runs of fg-off cost it several times
+  // the CPU per request of later ones (114, 259, 758 req/s in three 3 s runs). V8 optimises
+  // after enough calls, not seconds, so on a busy machine a case is primed again (up to three
+  // times) until it has served `primeRequests`.
+  if (options.prime === 0) return
+  console.log(`priming: every case for ${options.prime} s (again, up to 3 times, until ${primeRequests} requests), discarded...`)
+  for (const c of selected) {
+    let served = 0
+    for (let i = 0; i < 3 && served < primeRequests && !spec.signal.aborted; i++) {
+      served += (await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })).requests
+    }
+  }
+}
+
+function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results): void {
+  const gateway = systems.running.gateway
+  const peakKiB = gateway ? memoryKiB(gateway.child.pid, 'VmHWM') : undefined
+  console.log('')
+  console.log(`=== medians of ${options.rounds} round(s)${options.note ? ` (${options.note})` : ''}; ratios are taken within each round ===`)
+  for (const l of table(rows(results))) console.log(l)
+  console.log('')
+  for (const l of context(results)) console.log(l)
+  console.log('')
+  console.log(`gateway peak RSS (VmHWM since start): ${peakKiB === undefined ? 'unknown' : `${(peakKiB / 1024).toFixed(1)} MiB`}`)
+  console.log('targets (issue 13; quiet machine, median of 3 rounds):')
+  const checks = targets(results, peakKiB, options.gatewayNodeOptions.length === 0)
+  for (const l of printTargets(checks)) console.log(`  ${l}`)
+  console.log(resultJson(results, {
+    note: options.note ?? null, store: store.description, upstream: systems.upstreamWhat, load: kind, connections: options.connections,
+    rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
+    targets: checks,
+  }))
+  console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
 }
 
 async function main(argv: string[]): Promise<number> {
@@ -75,15 +128,16 @@ async function main(argv: string[]): Promise<number> {
   process.once('SIGINT', interrupt)
   // A last resort so the bench always ends: every run at its own length plus generous setup.
   const budgetMs = (options.cases.length * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
+  let systems: Systems | undefined
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
+    systems?.kill()
     process.exit(1)
   }, budgetMs)
   watchdog.unref()
 
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-bench-'))
   let store: BenchStore | undefined
-  let systems: Systems | undefined
   try {
     store = await prepareStore(options.databaseUrl)
     const wanted = cases.filter((c) => options.cases.includes(c.name))
@@ -92,59 +146,14 @@ async function main(argv: string[]): Promise<number> {
     const traffic = trafficFactory(options)
     const spec: RunSpec = { kind, connections: options.connections, seconds: options.duration, dir, signal: controller.signal }
 
-    console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)${options.note ? `; ${options.note}` : ''}`)
-    console.log(`store: ${store.description}, ${store.location}`)
-    console.log(`upstream: ${systems.upstreamWhat}${systems.nginxNote ? `; ${systems.nginxNote}` : ''}`)
-    console.log(`load: ${kind === 'wrk' ? 'wrk, 1 thread' : 'autocannon (wrk not on PATH)'}, ${options.connections} connections, 32-byte JSON POST, ${options.rounds} interleaved round(s) of ${options.warmup} s warm-up + ${options.duration} s measured per case`)
-    console.log(`gateway: fencegate serve, node flags: ${options.gatewayNodeOptions.join(' ') || 'none (the defaults of `npx fencegate serve`)'}`)
-
-    const gateway = systems.running.gateway
-    if (gateway && selected.some((c) => c.name === 'fg-replay')) {
-      const replay = traffic(cases.find((c) => c.name === 'fg-replay')!)
-      console.log(`replay pool: ${await completeKeys(gateway.url, replay, options.connections, controller.signal)}`)
-    }
-    for (const c of selected) {
-      const problem = await probeCase(c, systems.running[c.system]!.url, traffic(c))
-      if (problem) console.log(`warning: ${c.name}: ${problem}`)
-    }
-
-    // Priming, discarded: every case once before round 1, so every code path of every system
-    // is compiled and every pool open. A fresh gateway's first runs of fg-off cost it several
-    // times the CPU per request of later ones (114, 259, 758 req/s in three 3 s runs).
-    // JIT tiers up by invocations, not seconds, so on a busy machine a case is primed again
-    // (up to three times) until it has served `primeRequests`.
-    if (options.prime > 0) {
-      console.log(`priming: every case for ${options.prime} s (again, up to 3 times, until ${primeRequests} requests), discarded...`)
-      for (const c of selected) {
-        let served = 0
-        for (let i = 0; i < 3 && served < primeRequests && !controller.signal.aborted; i++) {
-          served += (await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })).requests
-        }
-      }
-    }
+    printHeader(options, kind, store, systems)
+    await prepareCases(options, selected, systems, spec, traffic)
     const results = await rounds(options, selected, systems, store, spec, traffic)
     if (controller.signal.aborted) {
       console.error('bench: interrupted')
       return 130
     }
-    const peakKiB = gateway ? memoryKiB(gateway.child.pid, 'VmHWM') : undefined
-    const rs = rows(results)
-    console.log('')
-    console.log(`=== medians of ${options.rounds} round(s)${options.note ? ` (${options.note})` : ''}; ratios are taken within each round ===`)
-    for (const l of table(rs)) console.log(l)
-    console.log('')
-    for (const l of context(results)) console.log(l)
-    console.log('')
-    console.log(`gateway peak RSS (VmHWM since start): ${peakKiB === undefined ? 'unknown' : `${(peakKiB / 1024).toFixed(1)} MiB`}`)
-    console.log('targets (issue 13; quiet machine, median of 3 rounds):')
-    const checks = targets(results, peakKiB, options.gatewayNodeOptions.length === 0)
-    for (const l of printTargets(checks)) console.log(`  ${l}`)
-    console.log(resultJson(results, {
-      note: options.note ?? null, store: store.description, upstream: systems.upstreamWhat, load: kind, connections: options.connections,
-      rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, gateway_peak_rss_kib: peakKiB ?? null,
-      targets: checks,
-    }))
-    console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
+    printResults(options, kind, store, systems, results)
     return 0
   } finally {
     await systems?.stop()

@@ -70,7 +70,7 @@ export function table(rs: Row[]): string[] {
     '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ]
   for (const r of rs) {
-    const hand = r.c.system === 'gateway' || r.c.name.startsWith('hand-') ? `${pct(r.vsHand)} of ${r.c.hand}` : '–'
+    const hand = (r.c.system === 'gateway' || r.c.system === 'hand') && Number.isFinite(r.vsHand) ? `${pct(r.vsHand)} of ${r.c.hand}` : '–'
     lines.push(`| ${r.c.name}: ${r.c.label} | ${fmt(r.rps)} | ${pct(r.vsBare)} | ${hand} | ${fmt(r.p50, 2)} | ${fmt(r.p99, 2)} | ${fmt(r.proxyUs)} | ${fmt(r.postgresUs)} | ${r.non2xx} | ${r.errors} |`)
   }
   return lines

@@ -19,6 +19,8 @@ export interface Systems {
   /** Why nginx is not running, for the report. */
   nginxNote: string | undefined
   stop(): Promise<void>
+  /** SIGKILL to every process, for a watchdog that cannot wait. */
+  kill(): void
 }
 
 /** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
@@ -64,7 +66,10 @@ async function answering(child: Child, url: string): Promise<void> {
 export async function startSystems(options: BenchOptions, store: BenchStore, dir: string, needs: Set<SystemName>): Promise<Systems> {
   const children: Child[] = []
   const stop = async () => {
-    for (const c of children.reverse()) await stopChild(c)
+    for (const c of [...children].reverse()) await stopChild(c)
+  }
+  const kill = () => {
+    for (const c of children) c.process.kill('SIGKILL')
   }
   try {
     const nginx = options.nginx ? findNginx() : undefined
@@ -97,7 +102,7 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
     if (needs.has('bare')) children.push((running.bare = await nodeServer('bare-proxy', './ref-proxy.js', [upstreamUrl])).child)
     if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url])).child)
     if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.gatewayNodeOptions, options.gatewayLog)).child)
-    return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop }
+    return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop, kill }
   } catch (err) {
     await stop()
     throw err
