@@ -1,182 +1,110 @@
-// `npm run bench`: passthrough vs fenced vs idempotent forwarding through one gateway, in
-// one run, and the gateway's memory. Three processes share the machine: this one
-// (autocannon), the gateway and the upstream, so the load generator cannot starve the
-// gateway's event loop of its own core. The whole scenario set runs `--passes` times
-// (default 2) on the same gateway, so memory growth between equal passes shows.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+// `npm run bench`: fencegate side by side with what a user would otherwise run, in one run:
+// nginx `proxy_pass`, a bare Node proxy, a hand-rolled fence (and fence + key), and the
+// gateway's own cases, in interleaved rounds so that every ratio compares runs minutes apart
+// at most. Every system is its own process, so each one's CPU per request is read from /proc.
+// See docs/benchmarks.md for the method.
+import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Pool } from 'undici'
-import { runLoad, Tally, type Outgoing } from './load.js'
-import { openWindow, readProbe } from './memory.js'
-import { parseOptions, recommendedGatewayNodeOptions, usage, UsageError, type BenchOptions, type ScenarioName } from './options.js'
-import { cpuBetween, cpuSeconds, freePort, isHealthy, machineCpu, memoryKiB, postgresCpu, startChild, stopChild, upstreamPort, waitUntil, type Child } from './procs.js'
-import { report, type Measured, type PassEnd } from './report.js'
-import { prepareStore, type BenchStore } from './store.js'
+import { cases, trafficFactory, type Case } from './cases.js'
+import { wrkAvailable, type LoadGenerator } from './load.js'
+import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
+import { parseOptions, usage, UsageError, type BenchOptions } from './run-options.js'
+import { memoryKiB } from './procs.js'
+import { completeKeys, probeCase } from './prepare.js'
+import { context, printTargets, resultJson, rows, table, targets, type Results } from './report.js'
+import { prepareStore, type BenchStore } from './fresh-db.js'
+import { startSystems, type SystemName, type Systems } from './systems.js'
+import type { Traffic } from './traffic.js'
 
-// `npm run bench -- leases` is the lease service's own bench (bench/leases.ts); the rest of this file never runs then.
+// `npm run bench -- leases` is the lease service's own bench (bench/leases.ts), and
+// `npm run bench -- profile` profiles the gateway (bench/profile.ts); the rest of this file never runs then.
 if (process.argv[2] === 'leases') process.exit(await (await import('./leases.js')).runLeasesBench(process.argv.slice(3)))
 // `npm run bench -- faults`: the store-fault run (bench/faults.ts).
 if (process.argv[2] === 'faults') process.exit(await (await import('./faults.js')).runFaultsBench())
+if (process.argv[2] === 'profile') process.exit(await (await import('./profile.js')).runProfile(process.argv.slice(3)))
 
-export interface Scenario {
-  name: ScenarioName
-  what: string
-  /** Fraction of passthrough req/s this scenario should reach. */
-  target?: number
-  /** What every response must say about replays: `none` (each key is new) or `all` (each key completed before). */
-  replays?: 'none' | 'all'
-  /** Runs before the warm-up (e.g. completes the keys to replay); returns a line for the report. */
-  prepare?: (fence: string, signal: AbortSignal) => Promise<string>
-  /** Called once per request. */
-  request: () => Outgoing
+function line(c: Case, s: Sample): string {
+  const us = (cpu: number) => (s.load.requests > 0 ? Math.round((cpu / s.load.requests) * 1e6) : NaN)
+  return `round ${s.round} ${c.name.padEnd(11)} ${Math.round(s.load.rps).toString().padStart(6)} req/s  p50 ${s.load.p50ms.toFixed(2)} ms  p99 ${s.load.p99ms.toFixed(2)} ms  ` +
+    `proxy ${us(s.cpu.proxy)} µs/req  postgres ${us(s.cpu.postgres)} µs/req  non-2xx ${s.load.non2xx}  errors ${s.load.errors}`
 }
 
-const body = Buffer.from('{"amount":1250,"currency":"EUR"}')
-const baseHeaders = (fence: string) => ({ 'content-type': 'application/json', 'x-execution-fence': fence })
-
-/**
- * The scenario set of one pass. Keys are `<keyPrefix><pass>.<n>`: new in every pass and
- * every run, so the passes do equal work and a reused database never replays an old key.
- */
-function scenarios(options: BenchOptions, gatewayUrl: string, keyPrefix: string, pass: number): Scenario[] {
-  const { ids } = options
-  const id = () => Math.floor(Math.random() * ids)
-  let n = 0
-  const newKey = () => ({ 'idempotency-key': `${keyPrefix}${pass}.${n++}` })
-  // The replay pool: key i always goes with invoice i, so every replay has its original's payload.
-  const pooled = (i: number): Outgoing => ({
-    path: `/idempotent/payments/${i % ids}/capture`,
-    headers: { 'idempotency-key': `${keyPrefix}${pass}.r${i}` },
-  })
-  const all: Scenario[] = [
-    { name: 'passthrough', what: 'fence: off, no store call', request: () => ({ path: `/passthrough/${id()}/capture` }) },
-    { name: 'spread', what: `fenced, ${ids} invoice ids`, target: 0.5, request: () => ({ path: `/payments/${id()}/capture` }) },
-    { name: 'hot', what: 'fenced, one invoice', target: 0.25, request: () => ({ path: '/payments/hot/capture' }) },
-    {
-      name: 'idem-spread', what: `fenced + new key each, ${ids} ids`, target: 0.5, replays: 'none',
-      request: () => ({ path: `/idempotent/payments/${id()}/capture`, headers: newKey() }),
-    },
-    {
-      name: 'replay', what: `fenced + ${options.replayKeys} completed keys`, target: 0.7, replays: 'all',
-      prepare: (fence, signal) => completeKeys(gatewayUrl, options.replayKeys, options.connections, pooled, fence, signal),
-      request: () => pooled(Math.floor(Math.random() * options.replayKeys)),
-    },
-    {
-      name: 'idem-hot', what: 'fenced + new key each, one invoice', target: 0.25, replays: 'none',
-      request: () => ({ path: '/idempotent/payments/hot/capture', headers: newKey() }),
-    },
-  ]
-  return all.filter((s) => options.scenarios.includes(s.name))
-}
-
-/** Sends each pooled key once, so that each is completed; what came back is the report line. */
-async function completeKeys(url: string, count: number, connections: number, request: (i: number) => Outgoing, fence: string, signal: AbortSignal): Promise<string> {
-  const pool = new Pool(url, { connections, headersTimeout: 10_000, bodyTimeout: 10_000 })
-  const statuses: Record<string, number> = {}
-  let replayed = 0
-  let next = 0
-  const started = performance.now()
-  const worker = async () => {
-    while (next < count && !signal.aborted) {
-      const o = request(next++)
-      try {
-        const res = await pool.request({ path: o.path, method: 'POST', headers: { ...baseHeaders(fence), ...o.headers }, body })
-        await res.body.arrayBuffer()
-        statuses[res.statusCode] = (statuses[res.statusCode] ?? 0) + 1
-        if (res.headers['idempotent-replayed'] === 'true') replayed++
-      } catch {
-        statuses.error = (statuses.error ?? 0) + 1
+async function rounds(options: BenchOptions, selected: Case[], systems: Systems, store: BenchStore, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<Results> {
+  const results: Results = new Map()
+  for (let round = 1; round <= options.rounds && !spec.signal.aborted; round++) {
+    // Each round starts one case later, so no case always follows the same one.
+    const shift = (round - 1) % selected.length
+    const order = [...selected.slice(shift), ...selected.slice(0, shift)]
+    for (const c of order) {
+      if (spec.signal.aborted) break
+      if (options.warmup > 0) await warmUp(c, systems, traffic(c), { ...spec, seconds: options.warmup })
+      const s = await measure(c, round, systems, store, traffic(c), spec)
+      for (const child of [systems.upstream, ...Object.values(systems.running).map((r) => r.child)]) {
+        if (child.process.exitCode !== null || child.process.signalCode !== null) throw new Error(`${child.name} died during ${c.name}:\n${child.output()}`)
       }
+      console.log(line(c, s))
+      results.set(c.name, [...(results.get(c.name) ?? []), s])
     }
   }
-  try {
-    await Promise.all(Array.from({ length: Math.min(connections, count) }, worker))
-  } finally {
-    await pool.close()
-  }
-  const s = (performance.now() - started) / 1000
-  return `${count} keys completed first in ${s.toFixed(1)} s (statuses ${JSON.stringify(statuses)}, ${replayed} replayed)`
+  return results
 }
 
-function gatewayConfig(upstream: string, port: number, adminPort: number, dataDir: string | undefined): string {
-  const route = { method: 'POST', upstream, timeout_ms: 10_000 }
-  const entity = 'invoice:{params.invoice_id}'
-  // YAML is a superset of JSON; `warn` keeps the per-request info lines out of the measurement.
-  return JSON.stringify({
-    server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort },
-    ...(dataDir ? { store: { data_dir: dataDir } } : {}),
-    log: { level: 'warn' },
-    routes: [
-      { ...route, name: 'passthrough', path: '/passthrough/:invoice_id/capture', fence: 'off' },
-      { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
-      { ...route, name: 'capture-once', path: '/idempotent/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required' },
-    ],
-  }, null, 2)
+function printHeader(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems): void {
+  console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)${options.note ? `; ${options.note}` : ''}`)
+  console.log(`store: ${store.description}, ${store.location}`)
+  console.log(`upstream: ${systems.upstreamWhat}${systems.nginxNote ? `; ${systems.nginxNote}` : ''}`)
+  console.log(`load: ${kind === 'wrk' ? 'wrk, 1 thread' : 'autocannon'}, ${options.connections} connections, 32-byte JSON POST, ${options.rounds} interleaved round(s) of ${options.warmup} s warm-up + ${options.duration} s measured per case`)
+  console.log(`gateway: fencegate serve, node flags: ${options.gatewayNodeOptions.join(' ') || 'none (the defaults of `npx fencegate serve`)'}`)
 }
 
-interface Gateway {
-  url: string
-  gateway: Child
-  upstream: Child
-  probeFile: string
-}
+/** Requests a case must have served in the priming pass. */
+const primeRequests = 5000
 
-/**
- * Prepares, then warms up in batches of about a second until the warm-up time has passed
- * (at least one), then measures in runs sized from the latest rate until `duration` seconds
- * of load are summed: usually one run, sometimes a short top-up. The memory window spans
- * all three, since the warm-up is load too.
- */
-async function measure(scenario: Scenario, gw: Gateway, options: BenchOptions, fence: () => string, signal: AbortSignal): Promise<Measured> {
-  const memory = openWindow(gw.gateway.pid, gw.probeFile)
-  const prepared = scenario.prepare ? await scenario.prepare(fence(), signal) : undefined
-  const load = (amount: number, tally: Tally, maxSeconds: number) => runLoad({
-    url: gw.url,
-    connections: options.connections,
-    amount,
-    maxSeconds,
-    request: scenario.request,
-    headers: baseHeaders(fence()),
-    body,
-    signal,
-  }, tally)
-  const minBatch = options.connections * 20
-  const warmUntil = performance.now() + options.warmup * 1000
-  const warmup = new Tally()
-  let rate = 0
-  for (let i = 0; i < 1000 && !signal.aborted && (i === 0 || performance.now() < warmUntil); i++) {
-    rate = await load(Math.max(minBatch, Math.round(rate)), warmup, 60)
+/** Completes the replay pool, checks each case with one request, then primes every case. */
+async function prepareCases(options: BenchOptions, selected: Case[], systems: Systems, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<void> {
+  const gateway = systems.running.gateway
+  const replay = selected.find((c) => c.name === 'fg-replay')
+  if (gateway && replay) console.log(`replay pool: ${await completeKeys(gateway.url, traffic(replay), options.connections, spec.signal)}`)
+  for (const c of selected) {
+    const problem = await probeCase(c, systems.running[c.system]!.url, traffic(c))
+    if (problem) console.log(`warning: ${c.name}: ${problem}`)
   }
-
-  const tally = new Tally()
-  const cpuNow = () => ({ at: performance.now(), gw: cpuSeconds(gw.gateway.pid), up: cpuSeconds(gw.upstream.pid), self: process.cpuUsage(), pg: postgresCpu(), machine: machineCpu() })
-  const before = cpuNow()
-  const giveUpAt = before.at + (options.duration * 3 + 30) * 1000
-  for (let i = 0; i < 20 && !signal.aborted && tally.seconds < options.duration * 0.95 && performance.now() < giveUpAt; i++) {
-    const amount = Math.max(minBatch, Math.round(rate * (options.duration - tally.seconds)))
-    rate = await load(amount, tally, (giveUpAt - performance.now()) / 1000)
-  }
-  const after = cpuNow()
-  const s = Math.max(1e-9, (after.at - before.at) / 1000)
-  const cores = { gateway: (after.gw - before.gw) / s, upstream: (after.up - before.up) / s, load: (after.self.user + after.self.system - before.self.user - before.self.system) / 1e6 / s, postgres: cpuBetween(before.pg, after.pg) / s }
-  const machineBusy = after.machine.busy - before.machine.busy
-  return {
-    scenario,
-    tally,
-    warmup,
-    prepared,
-    memory: memory(),
-    cpu: {
-      ...cores,
-      // Whatever else ran: other sessions' processes, the kernel's own threads, short-lived postgres backends.
-      other: Math.max(0, machineBusy / s - cores.gateway - cores.upstream - cores.load - cores.postgres),
-      machine: machineBusy / Math.max(1e-9, after.machine.total - before.machine.total),
-    },
+  // Priming, discarded: every case before round 1, so every code path of every system is
+  // compiled and every pool open. A fresh gateway's first runs of fg-off cost it several times
+  // the CPU per request of later ones (114, 259, 758 req/s in three 3 s runs). V8 optimises
+  // after enough calls, not seconds, so on a busy machine a case is primed again (up to three
+  // times) until it has served `primeRequests`.
+  if (options.prime === 0) return
+  console.log(`priming: every case for ${options.prime} s (again, up to 3 times, until ${primeRequests} requests), discarded...`)
+  for (const c of selected) {
+    let served = 0
+    for (let i = 0; i < 3 && served < primeRequests && !spec.signal.aborted; i++) {
+      served += (await warmUp(c, systems, traffic(c), { ...spec, seconds: options.prime })).requests
+    }
   }
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results): void {
+  const gateway = systems.running.gateway
+  const peakKiB = gateway ? memoryKiB(gateway.child.pid, 'VmHWM') : undefined
+  console.log('')
+  console.log(`=== medians of ${options.rounds} round(s)${options.note ? ` (${options.note})` : ''}; ratios are taken within each round ===`)
+  for (const l of table(rows(results))) console.log(l)
+  console.log('')
+  for (const l of context(results)) console.log(l)
+  console.log('')
+  console.log(`gateway peak RSS (VmHWM since start): ${peakKiB === undefined ? 'unknown' : `${(peakKiB / 1024).toFixed(1)} MiB`}`)
+  console.log('targets (issue 13; quiet machine, median of 3 rounds):')
+  const checks = targets(results, peakKiB, options.gatewayNodeOptions.length === 0)
+  for (const l of printTargets(checks)) console.log(`  ${l}`)
+  console.log(resultJson(results, {
+    note: options.note ?? null, store: store.description, upstream: systems.upstreamWhat, load: kind, connections: options.connections,
+    rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
+    targets: checks,
+  }))
+  console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
+}
 
 async function main(argv: string[]): Promise<number> {
   let options: BenchOptions | undefined
@@ -191,127 +119,48 @@ async function main(argv: string[]): Promise<number> {
     console.log(usage())
     return 0
   }
+  const kind = options.load ?? (wrkAvailable() ? 'wrk' : 'autocannon')
+  if (kind === 'wrk' && !wrkAvailable()) {
+    console.error('bench: --load wrk, but wrk is not on PATH (Debian: apt-get install wrk)')
+    return 2
+  }
 
   const controller = new AbortController()
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
-  const children: Child[] = []
-  // A last resort so the bench always ends: every run at its own limits (each scenario but
-  // passthrough is followed by a passthrough run), plus setup and shutdown.
-  const perScenarioMs = (options.warmup + 60 + options.duration * 3 + 30 + 60) * 1000
-  const runsPerPass = options.scenarios.length * 2 - 1
-  const budgetMs = options.passes * runsPerPass * perScenarioMs + 120_000
+  // A last resort so the bench always ends: every run at its own length plus generous setup.
+  const budgetMs = (options.cases.length * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
+  let systems: Systems | undefined
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
-    for (const c of children) c.process.kill('SIGKILL')
+    systems?.kill()
     process.exit(1)
   }, budgetMs)
   watchdog.unref()
 
-  const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-config-'))
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-bench-'))
   let store: BenchStore | undefined
   try {
-    store = await prepareStore(options)
-    console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
-    console.log(`store: ${store.description} at ${store.location}`)
-    console.log(`load: ${options.connections} connections, ${options.warmup}s warm-up + ${options.duration}s measured per scenario, ${options.passes} pass(es); passthrough runs again after every other scenario, whose ratio is against the passthrough runs on either side of it`)
-    const recommended = options.gatewayNodeOptions.join(' ') === recommendedGatewayNodeOptions.join(' ')
-    console.log(`gateway node options: ${options.gatewayNodeOptions.join(' ') || '(none)'}${recommended ? ' (the deployment recommendation in docs/benchmarks.md; --gateway-node-options= runs without)' : ''}`)
+    store = await prepareStore(options.databaseUrl)
+    const wanted = cases.filter((c) => options.cases.includes(c.name))
+    systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.map((c) => c.system)))
+    const selected = wanted.filter((c) => systems!.running[c.system])
+    const traffic = trafficFactory(options)
+    const spec: RunSpec = { kind, connections: options.connections, seconds: options.duration, dir, signal: controller.signal }
 
-    const upstream = startChild('upstream', new URL('./upstream.js', import.meta.url), [], process.env)
-    children.push(upstream)
-    const upstreamUrl = `http://127.0.0.1:${await upstreamPort(upstream)}`
-    const [port, adminPort] = [await freePort(), await freePort()]
-    const configFile = join(tmp, 'fencegate.bench.yaml')
-    const probeFile = join(tmp, 'gateway-memory.jsonl')
-    writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, store.dataDir))
-    // The probe only samples memory counters inside the gateway (see bench/probe.ts).
-    const probe = ['--import', new URL('./probe.js', import.meta.url).href]
-    const gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url),
-      ['serve', '--config', configFile, '--port', String(port), '--admin-port', String(adminPort)],
-      { ...store.gatewayEnv(process.env), FENCEGATE_BENCH_PROBE: probeFile }, [...options.gatewayNodeOptions, ...probe], options.gatewayLog)
-    children.push(gateway)
-    await waitUntil(gateway, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
-    const startupPeakKiB = memoryKiB(gateway.pid, 'VmHWM')
-
-    // A dead child would otherwise leave autocannon retrying until its time limit.
-    for (const c of [gateway, upstream]) void c.exited.then(() => controller.abort())
-
-    // Equal fences are accepted (>= the highest), so one fence per autocannon run never goes
-    // stale, even when concurrent requests on the hot entity reach the store out of order;
-    // each request still upserts the row under its lock and commits. Runs never overlap and
-    // count up from the clock, so a reused database's earlier fences are always lower.
-    const fenceBase = BigInt(Date.now()) * 1000n
-    let run = 0n
-    const nextFence = () => (fenceBase + run++).toString()
-    const keyPrefix = `b${Date.now().toString(36)}.`
-    const startedAt = new Date(Date.now() - 1000)
-    const gw: Gateway = { url: `http://127.0.0.1:${port}`, gateway, upstream, probeFile }
-    // Priming, discarded: one batch of every scenario opens every pool (clients, upstream, store)
-    // and compiles every code path, so that pass 1 and pass 2 start from the same state and a
-    // difference between them is growth, not start-up.
-    console.log('priming: one batch of every scenario, discarded...')
-    const primeWindow = openWindow(gateway.pid, probeFile)
-    for (const scenario of scenarios(options, gw.url, keyPrefix, 0)) {
-      if (controller.signal.aborted) break
-      if (scenario.prepare) await scenario.prepare(nextFence(), controller.signal)
-      await runLoad({ url: gw.url, connections: options.connections, amount: options.connections * 20, maxSeconds: 60, request: scenario.request, headers: baseHeaders(nextFence()), body, signal: controller.signal }, new Tally())
-    }
-    const primedPeakKiB = primeWindow().peakKiB
-    const passes: Measured[][] = []
-    const ends: PassEnd[] = []
-    for (let pass = 1; pass <= options.passes && !controller.signal.aborted; pass++) {
-      const measured: Measured[] = []
-      const set = scenarios(options, gw.url, keyPrefix, pass)
-      const passthrough = set.find((s) => s.name === 'passthrough')!
-      const run = async (scenario: Scenario, what: string) => {
-        console.log(`pass ${pass}: running ${scenario.name} (${what})...`)
-        const m = await measure(scenario, gw, options, nextFence, controller.signal)
-        for (const c of [gateway, upstream]) {
-          if (c.process.exitCode !== null || c.process.signalCode !== null) throw new Error(`${c.name} died during ${scenario.name} (${c.process.exitCode ?? c.process.signalCode}):\n${c.output()}`)
-        }
-        return m
-      }
-      // The baseline runs again after every scenario, and a scenario is compared with the
-      // passthrough runs on either side of it: this machine's speed drifts by a third within
-      // minutes (passthrough at 2,452 and 1,679 req/s in two passes of one run), and a
-      // baseline taken minutes before a scenario moved its ratio with it.
-      let before: Measured | undefined
-      for (const scenario of set) {
-        if (controller.signal.aborted) break
-        const m = await run(scenario, scenario.what)
-        if (scenario === passthrough) {
-          before = m
-        } else {
-          if (controller.signal.aborted) break
-          const after = await run(passthrough, `the baseline after ${scenario.name}`)
-          m.baseline = [before!, after]
-          before = after
-        }
-        measured.push(m)
-      }
-      passes.push(measured)
-      // What the gateway keeps once a pass is over and it has been idle for a second.
-      await sleep(1000)
-      const last = readProbe(probeFile, Date.now() - 1000).at(-1)
-      ends.push({ rssKiB: memoryKiB(gateway.pid, 'VmRSS'), sample: last })
-    }
-    await stopChild(gateway)
-    await stopChild(upstream)
-    if (passes.length < options.passes || passes.some((p) => p.length < options.scenarios.length)) {
+    printHeader(options, kind, store, systems)
+    await prepareCases(options, selected, systems, spec, traffic)
+    const results = await rounds(options, selected, systems, store, spec, traffic)
+    if (controller.signal.aborted) {
       console.error('bench: interrupted')
       return 130
     }
-    report({ passes, ends, startupPeakKiB, primedPeakKiB, store, options })
-    // A rough sign of other work on the machine; the `other` CPU column above is the direct one.
-    console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
-    const seen = await store.check(fenceBase, startedAt, keyPrefix)
-    console.log(`store after the run: ${seen.entities} entities hold a fence from this run, ${seen.rejections} audit rows (rejections) since it began, this run's idempotency records by state ${JSON.stringify(seen.keys)}`)
+    printResults(options, kind, store, systems, results)
     return 0
   } finally {
-    for (const c of children) await stopChild(c)
+    await systems?.stop()
     await store?.cleanup().catch((err: unknown) => console.error(`bench: cleanup failed: ${(err as Error).message}`))
-    rmSync(tmp, { recursive: true, force: true })
+    rmSync(dir, { recursive: true, force: true })
     clearTimeout(watchdog)
     process.off('SIGINT', interrupt)
   }

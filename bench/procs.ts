@@ -16,7 +16,12 @@ const keepChars = 4000
 
 /** Runs `node [nodeArgs] script [args]` with this bench's own node binary; `logFile` gets all its output. */
 export function startChild(name: string, script: URL, args: string[], env: NodeJS.ProcessEnv, nodeArgs: string[] = [], logFile?: string): Child {
-  const child = spawn(process.execPath, [...nodeArgs, fileURLToPath(script), ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] })
+  return startProcess(name, process.execPath, [...nodeArgs, fileURLToPath(script), ...args], env, logFile)
+}
+
+/** Runs `command args`, keeping the tail of its output. */
+export function startProcess(name: string, command: string, args: string[], env: NodeJS.ProcessEnv, logFile?: string): Child {
+  const child = spawn(command, args, { env, stdio: ['pipe', 'pipe', 'pipe'] })
   let tail = ''
   const log = logFile ? createWriteStream(logFile, { flags: 'a' }) : undefined
   if (log) child.once('exit', () => log.end())
@@ -79,8 +84,11 @@ export async function isHealthy(url: string): Promise<boolean> {
   return res.status === 200
 }
 
-/** The upstream child prints its port as the first line on stdout. */
-export async function upstreamPort(child: Child, timeoutMs = 10_000): Promise<number> {
+/** The name bench/leases.ts and older code know `listeningPort` by. */
+export const upstreamPort = (child: Child, timeoutMs?: number) => listeningPort(child, timeoutMs)
+
+/** A server child of the bench (bench/child.ts) prints its port as the first line on stdout. */
+export async function listeningPort(child: Child, timeoutMs = 10_000): Promise<number> {
   let port = 0
   await waitUntil(child, 'listening', async () => {
     const m = /"port":(\d+)/.exec(child.output())
@@ -144,9 +152,9 @@ export function machineCpu(): { busy: number; total: number } {
 
 /**
  * CPU seconds so far of every process whose command is `postgres` (the server and its
- * backends), by pid; a window's usage is the sum of the differences over pids seen at both ends.
+ * backends), or of those in `only`, by pid; a window's usage is the sum of the differences over pids seen at both ends.
  */
-export function postgresCpu(): Map<number, number> {
+export function postgresCpu(only?: ReadonlySet<number>): Map<number, number> {
   const seen = new Map<number, number>()
   let pids: string[]
   try {
@@ -155,6 +163,7 @@ export function postgresCpu(): Map<number, number> {
     return seen
   }
   for (const pid of pids) {
+    if (only && !only.has(Number(pid))) continue
     try {
       const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
       if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) !== 'postgres') continue

@@ -1,0 +1,46 @@
+import type { BenchOptions, CaseName } from './run-options.js'
+import type { SystemName } from './systems.js'
+import type { Traffic } from './traffic.js'
+
+export interface Case {
+  name: CaseName
+  label: string
+  system: SystemName
+  traffic: Pick<Traffic, 'path' | 'entity' | 'key'>
+  /** The hand-rolled case this one is compared with: the same kind of work done by hand. */
+  hand: CaseName
+  /** The case whose p99 bounds this one's (fencegate cases only): at most twice it. */
+  p99Of?: CaseName
+}
+
+const pay = '/payments/{id}/capture'
+const once = '/idempotent/payments/{id}/capture'
+
+export const cases: readonly Case[] = [
+  { name: 'nginx-proxy', label: 'nginx `proxy_pass`, 1 worker', system: 'nginx', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence' },
+  { name: 'bare-node', label: 'bare Node proxy (node:http + undici Pool)', system: 'bare', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence' },
+  { name: 'hand-fence', label: 'hand-rolled fence (postgres.js upsert, forward)', system: 'hand', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence' },
+  { name: 'hand-hot', label: 'hand-rolled fence, one hot entity', system: 'hand', traffic: { path: pay, entity: 'hot', key: 'none' }, hand: 'hand-fence' },
+  { name: 'hand-key', label: 'hand-rolled fence + key (2 statements, answer stored)', system: 'hand', traffic: { path: pay, entity: 'spread', key: 'new' }, hand: 'hand-fence' },
+  { name: 'fg-off', label: 'fencegate `fence: off`', system: 'gateway', traffic: { path: '/passthrough/{id}/capture', entity: 'spread', key: 'none' }, hand: 'hand-fence', p99Of: 'bare-node' },
+  { name: 'fg-spread', label: 'fencegate fenced, spread entities', system: 'gateway', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence', p99Of: 'hand-fence' },
+  { name: 'fg-hot', label: 'fencegate fenced, one hot entity', system: 'gateway', traffic: { path: pay, entity: 'hot', key: 'none' }, hand: 'hand-hot', p99Of: 'hand-hot' },
+  { name: 'fg-key', label: 'fencegate new `Idempotency-Key`', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'new' }, hand: 'hand-key', p99Of: 'hand-key' },
+  { name: 'fg-replay', label: 'fencegate replay (no upstream call)', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'replay' }, hand: 'hand-fence', p99Of: 'hand-fence' },
+]
+
+export const caseNamed = (name: CaseName): Case => cases.find((c) => c.name === name)!
+
+/** Builds each run's traffic: one fence per run, higher than every earlier run's; new keys unique per run. */
+export function trafficFactory(options: BenchOptions): (c: Case) => Traffic {
+  const fenceBase = BigInt(Date.now()) * 1000n
+  const tag = `b${Date.now().toString(36)}`
+  let run = 0
+  return (c) => {
+    run++
+    return {
+      ...c.traffic, ids: options.ids, replayKeys: options.replayKeys,
+      keyPrefix: `${tag}.${run}.`, replayPrefix: `${tag}.r`, fence: (fenceBase + BigInt(run)).toString(),
+    }
+  }
+}

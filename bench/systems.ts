@@ -1,0 +1,110 @@
+// Starts what the bench measures, each in its own process so each one's CPU is read apart:
+// the upstream (nginx `return 200`, or a Node server without nginx), the references (nginx
+// `proxy_pass`, the bare Node proxy, the hand-rolled fence) and the fencegate gateway.
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { findNginx, nginxVersion, startNginxProxy, startNginxUpstream } from './nginx.js'
+import type { BenchOptions } from './run-options.js'
+import { freePort, isHealthy, listeningPort, startChild, stopChild, waitUntil, type Child } from './procs.js'
+import type { BenchStore } from './fresh-db.js'
+
+export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway'
+
+export interface Systems {
+  upstream: Child
+  upstreamUrl: string
+  upstreamWhat: string
+  /** Each system's URL and process; absent when it does not run (nginx off PATH, or no case needs it). */
+  running: Partial<Record<SystemName, { url: string; child: Child }>>
+  /** Why nginx is not running, for the report. */
+  nginxNote: string | undefined
+  stop(): Promise<void>
+  /** SIGKILL to every process, for a watchdog that cannot wait. */
+  kill(): void
+}
+
+/** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
+export function gatewayConfig(upstream: string, port: number, adminPort: number): string {
+  const route = { method: 'POST', upstream, timeout_ms: 10_000 }
+  const entity = 'invoice:{params.invoice_id}'
+  return JSON.stringify({
+    server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort },
+    log: { level: 'warn' },
+    routes: [
+      { ...route, name: 'passthrough', path: '/passthrough/:invoice_id/capture', fence: 'off' },
+      { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
+      { ...route, name: 'capture-once', path: '/idempotent/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required' },
+    ],
+  }, null, 2)
+}
+
+/** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
+export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}): Promise<{ url: string; child: Child }> {
+  const [port, adminPort] = [await freePort(), await freePort()]
+  const configFile = join(dir, `${name}.yaml`)
+  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort))
+  const child = startChild(name, new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile],
+    { ...process.env, ...env, DATABASE_URL: store.url }, nodeOptions, logFile)
+  await waitUntil(child, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
+  return { url: `http://127.0.0.1:${port}`, child }
+}
+
+async function nodeServer(name: string, script: string, args: string[]): Promise<{ url: string; child: Child }> {
+  const child = startChild(name, new URL(script, import.meta.url), args, process.env)
+  return { url: `http://127.0.0.1:${await listeningPort(child)}`, child }
+}
+
+/** Polls a TCP port with a request until something answers. */
+async function answering(child: Child, url: string): Promise<void> {
+  await waitUntil(child, 'listening', async () => {
+    const res = await fetch(url, { signal: AbortSignal.timeout(1000) })
+    await res.arrayBuffer()
+    return true
+  }, 10_000)
+}
+
+export async function startSystems(options: BenchOptions, store: BenchStore, dir: string, needs: Set<SystemName>): Promise<Systems> {
+  const children: Child[] = []
+  const stop = async () => {
+    for (const c of [...children].reverse()) await stopChild(c)
+  }
+  const kill = () => {
+    for (const c of children) c.process.kill('SIGKILL')
+  }
+  try {
+    const nginx = options.nginx ? findNginx() : undefined
+    const nginxNote = nginx ? undefined : options.nginx ? 'nginx is not on PATH: no nginx case, and a Node upstream' : 'nginx skipped (--no-nginx): no nginx case, and a Node upstream'
+    let upstream: Child
+    let upstreamUrl: string
+    let upstreamWhat: string
+    if (nginx) {
+      const port = await freePort()
+      upstream = startNginxUpstream(nginx, dir, port)
+      upstreamUrl = `http://127.0.0.1:${port}`
+      upstreamWhat = `nginx ${nginxVersion(nginx)} \`return 200\`, 1 process`
+      children.push(upstream)
+      await answering(upstream, upstreamUrl)
+    } else {
+      const s = await nodeServer('upstream', './upstream.js', [])
+      upstream = s.child
+      upstreamUrl = s.url
+      upstreamWhat = 'a node:http server answering 200 (bench/upstream.ts)'
+      children.push(upstream)
+    }
+    const running: Systems['running'] = {}
+    if (nginx && needs.has('nginx')) {
+      const port = await freePort()
+      const child = startNginxProxy(nginx, dir, port, Number(new URL(upstreamUrl).port))
+      children.push(child)
+      running.nginx = { url: `http://127.0.0.1:${port}`, child }
+      await answering(child, running.nginx.url)
+    }
+    if (needs.has('bare')) children.push((running.bare = await nodeServer('bare-proxy', './ref-proxy.js', [upstreamUrl])).child)
+    if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url])).child)
+    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.gatewayNodeOptions, options.gatewayLog)).child)
+    return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop, kill }
+  } catch (err) {
+    await stop()
+    throw err
+  }
+}
