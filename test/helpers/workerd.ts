@@ -114,3 +114,14 @@ export async function startWorkerd(bundle: Pick<WorkerBundle, 'contents'>, worke
   await mf.ready
   return mf
 }
+
+/** What the tests call on one worker of a workerd instance (Miniflare types it with workers-types, not installed here). */
+export interface WorkerHandle {
+  fetch(url: string, init?: RequestInit): Promise<Response>
+  scheduled(options?: { cron?: string; scheduledTime?: Date }): Promise<{ outcome: string; noRetry: boolean }>
+}
+
+/** A worker of a running workerd instance by name (the first when none is given). */
+export async function workerOf(mf: Miniflare, name?: string): Promise<WorkerHandle> {
+  return (await mf.getWorker(name)) as unknown as WorkerHandle
+}

@@ -1,0 +1,189 @@
+import type { Miniflare } from 'miniflare'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { backends, type TestDb } from './helpers/backends.js'
+import { audience, issuer, secret, token } from './helpers/tokens.js'
+import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { bundleWorker, startWorkerd, workerOf } from './helpers/workerd.js'
+
+/*
+ * The Worker as deployed: bundled by wrangler, run by workerd (Miniflare),
+ * against the test PostgreSQL through Cloudflare's sockets and a real upstream
+ * on loopback through workerd's fetch. One workerd per file; every test uses
+ * its own entities and keys on one database.
+ */
+const postgres = backends().find((b) => b.name === 'postgres')
+if (!postgres) console.warn('test/worker-workerd.test.ts skipped: DATABASE_URL is not set (the Worker has no embedded store)')
+
+function configText(upstream: string, refused: string): string {
+  const route = (fields: Record<string, unknown>) => `  - ${Object.entries(fields).map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join('\n    ')}`
+  return [
+    'auth:',
+    '  mode: jwt',
+    `  issuer: ${issuer}`,
+    `  audience: ${audience}`,
+    '  hs256_secret: ${FENCEGATE_JWT_SECRET}',
+    'store:',
+    '  url: ${DATABASE_URL}',
+    'log:',
+    '  level: silent',
+    'routes:',
+    route({ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream, entity: 'invoice:{params.id}', timeout_ms: 5000 }),
+    route({ name: 'charge', method: 'POST', path: '/charges/:id', upstream, entity: 'charge:{params.id}', idempotency: 'required', idempotency_wait: '10s', timeout_ms: 5000 }),
+    route({ name: 'hold', method: 'POST', path: '/holds/:id', upstream, entity: 'hold:{params.id}', idempotency: 'required', timeout_ms: 5000 }),
+    route({ name: 'slow', method: 'POST', path: '/slow/:id', upstream, entity: 'slow:{params.id}', timeout_ms: 300 }),
+    route({ name: 'refused', method: 'POST', path: '/refused/:id', upstream: refused, entity: 'refused:{params.id}', timeout_ms: 5000 }),
+  ].join('\n')
+}
+
+describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
+  let t: TestDb
+  let upstream: TestUpstream
+  let mf: Miniflare
+  /** Requests to hold at the upstream until the test opens the gate, by path. */
+  const held = new Map<string, Promise<void>>()
+
+  beforeAll(async () => {
+    t = await postgres!.open()
+    upstream = await startUpstream(async (req, res) => {
+      if (req.path.startsWith('/slow/')) return // never answers
+      await held.get(req.path)
+      if (req.path.startsWith('/charges/') || req.path.startsWith('/holds/')) {
+        res.writeHead(201, { 'content-type': 'text/plain' })
+        res.end(`charged ${req.headers['idempotency-key']}`)
+        return
+      }
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ path: req.path, fence: req.headers['x-execution-fence'] ?? null }))
+    })
+    const config = configText(upstream.url, `http://127.0.0.1:${await closedPort()}`)
+    const common = { FENCEGATE_CONFIG: config, FENCEGATE_JWT_SECRET: secret }
+    mf = await startWorkerd(await bundleWorker(), [
+      { name: 'gateway', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_ADMIN: 'on' } },
+      // The same Worker whose database refuses connections.
+      { name: 'storeless', bindings: { ...common, DATABASE_URL: `postgres://postgres@127.0.0.1:${await closedPort()}/nowhere` } },
+    ])
+  }, 120_000)
+  afterAll(async () => {
+    await mf?.dispose()
+    await upstream?.close()
+    await t?.close()
+  })
+
+  async function send(path: string, init: { fence?: string; key?: string; method?: string; body?: string; token?: string | null; scope?: string; worker?: string } = {}) {
+    const headers: Record<string, string> = {}
+    const bearer = init.token === undefined ? await token(init.scope ? { scope: init.scope } : {}) : init.token
+    if (bearer !== null) headers.authorization = `Bearer ${bearer}`
+    if (init.fence !== undefined) headers['x-execution-fence'] = init.fence
+    if (init.key !== undefined) headers['idempotency-key'] = init.key
+    const method = init.method ?? 'POST'
+    const request = { method, headers, body: method === 'GET' ? null : (init.body ?? '{}') }
+    const url = `https://gateway.example${path}`
+    const res = init.worker ? await (await workerOf(mf, init.worker)).fetch(url, request) : await mf.dispatchFetch(url, request)
+    const text = await res.text()
+    let json: any
+    try {
+      json = JSON.parse(text)
+    } catch {}
+    return { status: res.status, headers: res.headers, text, json }
+  }
+  const arrivedAt = (prefix: string) => upstream.received.filter((r) => r.path.startsWith(prefix))
+
+  it('accepts a fenced command, forwards it and records the fence', async () => {
+    const res = await send('/payments/1/capture?mode=full', { fence: '5', body: '{"amount":1299}' })
+    expect(res.status).toBe(200)
+    expect(res.json).toEqual({ path: '/payments/1/capture?mode=full', fence: '5' })
+    const [received] = arrivedAt('/payments/1/')
+    expect(received!.body.toString()).toBe('{"amount":1299}')
+    expect(received!.headers.authorization).toBeUndefined()
+    expect(await t.store.getEntity('acme', 'invoice:1')).toMatchObject({ highest_fence: '5' })
+  })
+
+  it('answers a stale fence with 409 and never forwards it', async () => {
+    expect((await send('/payments/2/capture', { fence: '9' })).status).toBe(200)
+    const res = await send('/payments/2/capture', { fence: '8' })
+    expect(res.status).toBe(409)
+    expect(res.json).toMatchObject({ code: 'stale_fence', presented_fence: '8', highest_fence: '9' })
+    expect(arrivedAt('/payments/2/').map((r) => r.headers['x-execution-fence'])).toEqual(['9'])
+  })
+
+  it('answers a missing fence with 428 and an invalid one with 400', async () => {
+    expect((await send('/payments/3/capture')).json).toMatchObject({ status: 428, code: 'fence_required' })
+    expect((await send('/payments/3/capture', { fence: 'seven' })).json).toMatchObject({ status: 400, code: 'invalid_fence' })
+    expect(arrivedAt('/payments/3/')).toHaveLength(0)
+  })
+
+  it('authenticates with HS256 JWTs: no token and a forged one are 401, the tenant comes from the token', async () => {
+    expect((await send('/payments/4/capture', { fence: '1', token: null })).json).toMatchObject({ status: 401, code: 'unauthenticated' })
+    const forged = await token({}, { key: new TextEncoder().encode('another-secret-of-at-least-32-bytes!') })
+    expect((await send('/payments/4/capture', { fence: '1', token: forged })).json).toMatchObject({ status: 401, code: 'unauthenticated' })
+    expect(arrivedAt('/payments/4/')).toHaveLength(0)
+    const globex = await token({ tenant_id: 'globex' })
+    expect((await send('/payments/4/capture', { fence: '1', token: globex })).status).toBe(200)
+    expect(await t.store.getEntity('globex', 'invoice:4')).toMatchObject({ highest_fence: '1' })
+    expect(await t.store.getEntity('acme', 'invoice:4')).toBeUndefined()
+  })
+
+  it('replays an idempotent answer: the upstream ran once', async () => {
+    const first = await send('/charges/1', { fence: '1', key: 'charge-1' })
+    expect(first).toMatchObject({ status: 201, text: 'charged charge-1' })
+    // idempotency_wait lets the duplicate wait for the first's record, which the Worker writes after the body ended.
+    const again = await send('/charges/1', { fence: '1', key: 'charge-1' })
+    expect(again).toMatchObject({ status: 201, text: 'charged charge-1' })
+    expect(again.headers.get('idempotent-replayed')).toBe('true')
+    expect(arrivedAt('/charges/1')).toHaveLength(1)
+    expect(await t.store.getKey('acme', 'charge-1')).toMatchObject({ state: 'completed' })
+  })
+
+  it('answers 409 request_in_progress to a duplicate of a command still in flight', async () => {
+    const { opened, open } = gate()
+    held.set('/holds/1', opened)
+    const first = send('/holds/1', { fence: '1', key: 'hold-1' })
+    await upstream.arrived(upstream.received.length + 1)
+    const duplicate = await send('/holds/1', { fence: '1', key: 'hold-1' })
+    expect(duplicate.json).toMatchObject({ status: 409, code: 'request_in_progress' })
+    open()
+    expect(await first).toMatchObject({ status: 201, text: 'charged hold-1' })
+    expect(arrivedAt('/holds/1')).toHaveLength(1)
+  })
+
+  it('answers 503 store_unavailable and forwards nothing when the database refuses connections', async () => {
+    const res = await send('/payments/5/capture', { fence: '1', worker: 'storeless' })
+    expect(res.json).toMatchObject({ status: 503, code: 'store_unavailable' })
+    expect(arrivedAt('/payments/5/')).toHaveLength(0)
+  })
+
+  it('answers 504 upstream_timeout when the upstream does not answer within timeout_ms', async () => {
+    const res = await send('/slow/1', { fence: '1' })
+    expect(res.json).toMatchObject({ status: 504, code: 'upstream_timeout' })
+    expect(arrivedAt('/slow/1')).toHaveLength(1)
+  })
+
+  it('answers 502 for a refused upstream, as possibly sent: workerd fetch errors carry no reason', async () => {
+    const res = await send('/refused/1', { fence: '1' })
+    expect(res.json).toMatchObject({ status: 502, code: 'upstream_unreachable' })
+    expect(res.json.detail).not.toContain('nothing was sent')
+  })
+
+  it('serves the admin plane under /_admin/ with its scopes', async () => {
+    await send('/payments/6/capture', { fence: '3' })
+    expect((await send('/payments/6/capture', { fence: '2' })).status).toBe(409)
+    const audit = await send('/_admin/audit?code=stale_fence&entity=invoice:6', { method: 'GET', scope: 'fencegate:admin' })
+    expect(audit.status).toBe(200)
+    expect(audit.json.items).toMatchObject([{ tenant: 'acme', entity: 'invoice:6', code: 'stale_fence' }])
+    const entity = await send('/_admin/entities/invoice:6', { method: 'GET', scope: 'fencegate:admin' })
+    expect(entity.json).toMatchObject({ entity: 'invoice:6', highest_fence: '3' })
+    expect((await send('/_admin/audit', { method: 'GET' })).json).toMatchObject({ status: 403, code: 'insufficient_scope' })
+    expect((await send('/_admin/health', { method: 'GET', token: null })).json).toEqual({ status: 'ok', store: 'up' })
+  })
+
+  it('purges expired idempotency records when the Cron Trigger runs', async () => {
+    await t.db.sql`
+      INSERT INTO fg_idempotency (tenant, key, fingerprint, route, state, expires_at, owner_token, request_id)
+      VALUES ('acme', 'expired-1', 'f', 'charge', 'completed', now() - interval '1 second', 'o', 'r')`
+    const expired = async () => (await t.db.sql<{ n: number }>`SELECT count(*)::int AS n FROM fg_idempotency WHERE expires_at < now()`)[0]!.n
+    expect(await expired()).toBe(1)
+    const result = await (await workerOf(mf)).scheduled({ cron: '* * * * *', scheduledTime: new Date() })
+    expect(result.outcome).toBe('ok')
+    expect(await expired()).toBe(0)
+  })
+})
