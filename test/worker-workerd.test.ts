@@ -1,5 +1,7 @@
 import type { Miniflare } from 'miniflare'
+import { connect, createServer, type AddressInfo, type Server } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { connectPostgres } from '../src/store/postgres.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { audience, issuer, secret, token } from './helpers/tokens.js'
 import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
@@ -35,10 +37,38 @@ function configText(upstream: string, refused: string): string {
   ].join('\n')
 }
 
+/** A TCP relay to PostgreSQL that keeps what clients sent, per connection. */
+async function startSniffer(target: URL): Promise<{ port: number; sent: string[]; close(): Promise<void> }> {
+  const sent: string[] = []
+  const server: Server = createServer((client) => {
+    const i = sent.push('') - 1
+    const upstream = connect(Number(target.port || 5432), target.hostname)
+    client.on('data', (chunk: Buffer) => {
+      sent[i] += chunk.toString('latin1')
+      upstream.write(chunk)
+    })
+    upstream.on('data', (chunk: Buffer) => client.write(chunk))
+    client.on('close', () => upstream.end())
+    upstream.on('close', () => client.destroy())
+    client.on('error', () => undefined)
+    upstream.on('error', () => undefined)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    port: (server.address() as AddressInfo).port,
+    sent,
+    close: () => new Promise((resolve) => {
+      server.close(() => resolve())
+    }),
+  }
+}
+
 describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
   let t: TestDb
   let upstream: TestUpstream
   let mf: Miniflare
+  let sniffer: Awaited<ReturnType<typeof startSniffer>>
+  let sniffedUrl: string
   /** Requests to hold at the upstream until the test opens the gate, by path. */
   const held = new Map<string, Promise<void>>()
 
@@ -57,14 +87,21 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     })
     const config = configText(upstream.url, `http://127.0.0.1:${await closedPort()}`)
     const common = { FENCEGATE_CONFIG: config, FENCEGATE_JWT_SECRET: secret }
+    sniffer = await startSniffer(new URL(t.url!))
+    const sniffed = new URL(t.url!)
+    sniffed.port = String(sniffer.port)
+    sniffedUrl = sniffed.toString()
     mf = await startWorkerd(await bundleWorker(), [
       { name: 'gateway', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_ADMIN: 'on' } },
       // The same Worker whose database refuses connections.
+      // The same Worker whose database connections pass a relay that keeps what the Worker sent.
+      { name: 'sniffed', bindings: { ...common, DATABASE_URL: sniffedUrl } },
       { name: 'storeless', bindings: { ...common, DATABASE_URL: `postgres://postgres@127.0.0.1:${await closedPort()}/nowhere` } },
     ])
   }, 120_000)
   afterAll(async () => {
     await mf?.dispose()
+    await sniffer?.close()
     await upstream?.close()
     await t?.close()
   })
@@ -185,5 +222,22 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     const result = await (await workerOf(mf)).scheduled({ cron: '* * * * *', scheduledTime: new Date() })
     expect(result.outcome).toBe('ok')
     expect(await expired()).toBe(0)
+  })
+
+  it('opens one connection per request and sends no catalog query on it (fetch_types: false)', async () => {
+    // The control: postgres.js's default looks up the array types on every new connection.
+    const nodeDefault = connectPostgres(sniffedUrl, { max: 1 })
+    await nodeDefault.sql`SELECT 1`
+    await nodeDefault.close()
+    expect(sniffer.sent).toHaveLength(1)
+    expect(sniffer.sent[0]).toContain('pg_catalog.pg_type')
+
+    expect((await send('/payments/7/capture', { fence: '1', worker: 'sniffed' })).status).toBe(200)
+    expect((await send('/payments/7/capture', { fence: '2', worker: 'sniffed' })).status).toBe(200)
+    expect(sniffer.sent).toHaveLength(3)
+    for (const sent of sniffer.sent.slice(1)) {
+      expect(sent).toContain('fg_')
+      expect(sent).not.toContain('pg_type')
+    }
   })
 })
