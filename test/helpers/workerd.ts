@@ -63,7 +63,7 @@ export function bundleWorker(): Promise<WorkerBundle> {
         '--outdir', scratch, '--metafile', join(scratch, 'meta.json'), '--config', join(root, 'wrangler.toml'),
       ], { cwd: root, env: { ...process.env, WRANGLER_SEND_METRICS: 'false', CI: '1', NO_COLOR: '1' } })
       // Older bundles go (finished ones only: a name with a dot is another file's scratch).
-      for (const name of readdirSync(cache)) if (!name.includes('.')) rmSync(join(cache, name), { recursive: true, force: true })
+      for (const name of readdirSync(cache)) if (!name.includes('.') && name !== basename(dir)) rmSync(join(cache, name), { recursive: true, force: true })
       try {
         renameSync(scratch, dir)
       } catch {
