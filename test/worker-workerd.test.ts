@@ -1,7 +1,9 @@
+import { exportPKCS8, exportSPKI, generateKeyPair } from 'jose'
 import type { Miniflare } from 'miniflare'
 import { connect, createServer, type AddressInfo, type Server } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { connectPostgres } from '../src/store/postgres.js'
+import { verifyAttestation } from '../src/verify/index.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { audience, issuer, secret, token } from './helpers/tokens.js'
 import { closedPort, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
@@ -28,12 +30,22 @@ function configText(upstream: string, refused: string): string {
     '  url: ${DATABASE_URL}',
     'log:',
     '  level: silent',
+    'attestation:',
+    '  key_file: attest.pem',
+    '  alg: ES256',
+    '  kid: gw-1',
+    'job_types:',
+    '  - name: report',
+    '    lease: 20s',
     'routes:',
     route({ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream, entity: 'invoice:{params.id}', timeout_ms: 5000 }),
     route({ name: 'charge', method: 'POST', path: '/charges/:id', upstream, entity: 'charge:{params.id}', idempotency: 'required', idempotency_wait: '10s', timeout_ms: 5000 }),
     route({ name: 'hold', method: 'POST', path: '/holds/:id', upstream, entity: 'hold:{params.id}', idempotency: 'required', timeout_ms: 5000 }),
     route({ name: 'slow', method: 'POST', path: '/slow/:id', upstream, entity: 'slow:{params.id}', timeout_ms: 300 }),
     route({ name: 'refused', method: 'POST', path: '/refused/:id', upstream: refused, entity: 'refused:{params.id}', timeout_ms: 5000 }),
+    route({ name: 'attested', method: 'POST', path: '/attested/:id', upstream, entity: 'attested:{params.id}', attest: true }),
+    route({ name: 'ordered', method: 'POST', path: '/ordered/:id', upstream, entity: 'ordered:{params.id}', ordering: 'serialize', ordering_wait: '30s' }),
+    route({ name: 'step', method: 'POST', path: '/steps/:name', upstream, fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
   ].join('\n')
 }
 
@@ -71,11 +83,21 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
   let sniffedUrl: string
   /** Requests to hold at the upstream until the test opens the gate, by path. */
   const held = new Map<string, Promise<void>>()
+  const ordered = { arrivals: [] as string[], inFlight: 0, maxInFlight: 0 }
+  let keys: { privatePem: string; publicPem: string }
 
   beforeAll(async () => {
     t = await postgres!.open()
     upstream = await startUpstream(async (req, res) => {
       if (req.path.startsWith('/slow/')) return // never answers
+      if (req.path.startsWith('/ordered/')) {
+        ordered.arrivals.push(String(req.headers['x-execution-fence']))
+        ordered.inFlight++
+        ordered.maxInFlight = Math.max(ordered.maxInFlight, ordered.inFlight)
+        // Slow enough that unordered deliveries would overlap.
+        await new Promise((resolve) => setTimeout(resolve, 20))
+        ordered.inFlight--
+      }
       await held.get(req.path)
       if (req.path.startsWith('/charges/') || req.path.startsWith('/holds/')) {
         res.writeHead(201, { 'content-type': 'text/plain' })
@@ -86,7 +108,9 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
       res.end(JSON.stringify({ path: req.path, fence: req.headers['x-execution-fence'] ?? null }))
     })
     const config = configText(upstream.url, `http://127.0.0.1:${await closedPort()}`)
-    const common = { FENCEGATE_CONFIG: config, FENCEGATE_JWT_SECRET: secret }
+    const pair = await generateKeyPair('ES256', { extractable: true })
+    keys = { privatePem: await exportPKCS8(pair.privateKey), publicPem: await exportSPKI(pair.publicKey) }
+    const common = { FENCEGATE_CONFIG: config, FENCEGATE_JWT_SECRET: secret, FENCEGATE_ATTESTATION_KEY: keys.privatePem }
     sniffer = await startSniffer(new URL(t.url!))
     const sniffed = new URL(t.url!)
     sniffed.port = String(sniffer.port)
@@ -106,8 +130,8 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     await t?.close()
   })
 
-  async function send(path: string, init: { fence?: string; key?: string; method?: string; body?: string; token?: string | null; scope?: string; worker?: string } = {}) {
-    const headers: Record<string, string> = {}
+  async function send(path: string, init: { fence?: string; key?: string; method?: string; body?: string; token?: string | null; scope?: string; worker?: string; headers?: Record<string, string> } = {}) {
+    const headers: Record<string, string> = { ...init.headers }
     const bearer = init.token === undefined ? await token(init.scope ? { scope: init.scope } : {}) : init.token
     if (bearer !== null) headers.authorization = `Bearer ${bearer}`
     if (init.fence !== undefined) headers['x-execution-fence'] = init.fence
@@ -239,5 +263,45 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
       expect(sent).toContain('fg_')
       expect(sent).not.toContain('pg_type')
     }
+  })
+
+  it('signs a Fence-Attestation the upstream verifies against the request it received', async () => {
+    expect((await send('/attested/1', { fence: '4', body: '{"amount":5}' })).status).toBe(200)
+    const [received] = arrivedAt('/attested/1')
+    const claims = await verifyAttestation(received!.headers['fence-attestation'] as string, {
+      key: keys.publicPem,
+      audience: upstream.url,
+      request: { method: received!.method, path: received!.path, body: received!.body, fence: '4', idempotencyKey: null },
+    })
+    expect(claims).toMatchObject({ fence: '4', entity: 'attested:1', tenant: 'acme' })
+  })
+
+  it('delivers an ordered route one command at a time per entity, in non-decreasing fence order', async () => {
+    const fences = Array.from({ length: 12 }, (_, i) => String(1 + ((i * 5) % 6)))
+    const answers = await Promise.all(fences.map((fence) => send('/ordered/1', { fence })))
+    expect(ordered.maxInFlight).toBe(1)
+    expect(answers.filter((a) => a.status === 200)).toHaveLength(ordered.arrivals.length)
+    for (const a of answers.filter((x) => x.status !== 200)) expect(a.json.code).toBe('stale_fence')
+    for (let i = 1; i < ordered.arrivals.length; i++) expect(Number(ordered.arrivals[i]) >= Number(ordered.arrivals[i - 1])).toBe(true)
+    expect(ordered.arrivals.at(-1)).toBe('6')
+  })
+
+  it('serves the job API: start, claim, heartbeat, a lease-fenced step, append, complete', async () => {
+    const jobs = '/_fencegate/jobs'
+    const post = (path: string, body: unknown) => send(`${jobs}${path}`, { body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+    const started = await post('', { type: 'report', key: 'report-1', payload: { month: 11 } })
+    expect(started).toMatchObject({ status: 201, json: { state: 'queued', created: true } })
+    const id = started.json.job_id as string
+    const claimed = await post('/claim', { worker_id: 'worker-a' })
+    expect(claimed.json).toMatchObject({ job_id: id, fence: '1', attempt: 1, payload: { month: 11 } })
+    // Nothing else to claim: a waiting claim polls (no LISTEN on Workers) until its wait ends.
+    expect((await post('/claim', { worker_id: 'worker-b', wait: 1 })).status).toBe(204)
+    expect((await post(`/${id}/heartbeat`, { worker_id: 'worker-a', fence: '1' })).json).toMatchObject({ cancel_requested: false })
+    expect((await send('/steps/render', { fence: '1', headers: { 'x-job-id': id } })).status).toBe(200)
+    expect((await send('/steps/render', { fence: '2', headers: { 'x-job-id': id } })).json).toMatchObject({ status: 409 })
+    expect((await post(`/${id}/append`, { worker_id: 'worker-a', fence: '1', seq: 0, chunk: { rows: 3 } })).json).toEqual({ seq: 0, cursor_length: 1 })
+    expect((await post(`/${id}/complete`, { worker_id: 'worker-b', fence: '1', result: {} })).json).toMatchObject({ status: 409, code: 'not_owner' })
+    expect((await post(`/${id}/complete`, { worker_id: 'worker-a', fence: '1', result: { rows: 3 } })).json).toEqual({ job_id: id, state: 'succeeded' })
+    expect((await send(`${jobs}/${id}`, { method: 'GET' })).json).toMatchObject({ state: 'succeeded', result: { rows: 3 }, cursor_length: 1 })
   })
 })

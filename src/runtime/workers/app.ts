@@ -3,6 +3,7 @@ import type { AttestationSigner } from '../../attest.js'
 import { createApp } from '../../app.js'
 import { ConfigError, type Config } from '../../config/schema.js'
 import { createAuthenticator, type Authenticate } from '../../identity.js'
+import { createJobStore } from '../../leases/store.js'
 import { createLogger, type Logger } from '../../log.js'
 import { FencegateError, problemResponse } from '../../problems.js'
 import { createStore } from '../../store/store.js'
@@ -90,5 +91,6 @@ async function route(request: Request, scope: RequestScope, o: { config: Config;
     url.pathname = url.pathname.slice(adminPrefix.length - 1)
     return createAdminApp({ store: scope.store, authenticate: o.authenticate }).fetch(new Request(url, request))
   }
-  return createApp({ config: o.config, store: scope.store, forward: scope.forward, authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}) }).fetch(request)
+  // The job API on the request's connection: without LISTEN, a waiting claim polls on the fallback tick.
+  return createApp({ config: o.config, store: scope.store, forward: scope.forward, jobs: createJobStore(scope.db), authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}) }).fetch(request)
 }

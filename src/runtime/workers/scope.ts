@@ -1,8 +1,11 @@
 import type { Forward } from '../../forward.js'
+import type { Db } from '../../store/db.js'
 import { createStore, type Store } from '../../store/store.js'
 import { connectWorkersPostgres } from './db.js'
 
 export interface RequestScope {
+  /** The request's connection, for the job statements; `store` runs on it too. */
+  db: Db
   store: Store
   forward: Forward
   /** Closes the store once `clientDone` resolved and every upstream body ended. */
@@ -17,7 +20,8 @@ export interface RequestScope {
  * The connection itself opens on the store's first statement.
  */
 export function openRequestScope(url: string, base: Forward): RequestScope {
-  const store = createStore(connectWorkersPostgres(url))
+  const db = connectWorkersPostgres(url)
+  const store = createStore(db)
   const upstreamBodies: Promise<void>[] = []
   const forward: Forward = async (request) => {
     const res = await base(request)
@@ -26,6 +30,7 @@ export function openRequestScope(url: string, base: Forward): RequestScope {
     return new Response(body, res)
   }
   return {
+    db,
     store,
     forward,
     async closeAfter(clientDone) {
