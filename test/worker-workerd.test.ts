@@ -118,6 +118,8 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     mf = await startWorkerd(await bundleWorker(), [
       { name: 'gateway', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_ADMIN: 'on' } },
       // The same Worker whose database refuses connections.
+      // The same Worker, checking the rules' version on every request.
+      { name: 'watching', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_RULES_CHECK_MS: '0' } },
       // The same Worker whose database connections pass a relay that keeps what the Worker sent.
       { name: 'sniffed', bindings: { ...common, DATABASE_URL: sniffedUrl } },
       { name: 'storeless', bindings: { ...common, DATABASE_URL: `postgres://postgres@127.0.0.1:${await closedPort()}/nowhere` } },
@@ -303,5 +305,26 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     expect((await post(`/${id}/complete`, { worker_id: 'worker-b', fence: '1', result: {} })).json).toMatchObject({ status: 409, code: 'not_owner' })
     expect((await post(`/${id}/complete`, { worker_id: 'worker-a', fence: '1', result: { rows: 3 } })).json).toEqual({ job_id: id, state: 'succeeded' })
     expect((await send(`${jobs}/${id}`, { method: 'GET' })).json).toMatchObject({ state: 'succeeded', result: { rows: 3 }, cursor_length: 1 })
+  })
+
+  it('takes its rules from the database, seeded from FENCEGATE_CONFIG, and lists them under /_admin/rules', async () => {
+    const listed = await send('/_admin/rules', { method: 'GET', scope: 'fencegate:admin' })
+    expect(listed.status).toBe(200)
+    expect(listed.json.version).toBeGreaterThan(0)
+    expect(listed.json.rules.map((r: { name: string }) => r.name)).toEqual(expect.arrayContaining(['capture', 'charge', 'ordered']))
+    expect(listed.headers.get('etag')).toBe(`"${listed.json.version}"`)
+  })
+
+  it('applies a rule changed through its own admin plane at once, and another isolate sees it on its next check', async () => {
+    expect((await send('/payments/90/capture', { fence: '1', worker: 'watching' })).status).toBe(200)
+    const put = await send('/_admin/rules/freeze-90', { method: 'PUT', scope: 'fencegate:admin', body: '{"entity_match": "invoice:90", "frozen": true}', headers: { 'content-type': 'application/json' } })
+    expect(put.json).toMatchObject({ name: 'freeze-90', changed: true })
+    // The isolate that made the change uses it for its next request.
+    expect((await send('/payments/90/capture', { fence: '2' })).json).toMatchObject({ status: 423, code: 'entity_frozen' })
+    // Another isolate (FENCEGATE_RULES_CHECK_MS=0: it checks the version on every request) sees it on its next request.
+    expect((await send('/payments/90/capture', { fence: '2', worker: 'watching' })).json).toMatchObject({ status: 423, code: 'entity_frozen' })
+    expect((await send('/_admin/rules/freeze-90', { method: 'DELETE', scope: 'fencegate:admin' })).json).toMatchObject({ deleted: true })
+    expect((await send('/payments/90/capture', { fence: '2', worker: 'watching' })).status).toBe(200)
+    expect(arrivedAt('/payments/90/').map((r) => r.headers['x-execution-fence'])).toEqual(['1', '2'])
   })
 })

@@ -1,15 +1,17 @@
 import { createAdminApp } from '../../admin.js'
 import type { AttestationSigner } from '../../attest.js'
-import { createApp } from '../../app.js'
+import { createApp, requestIdOf } from '../../app.js'
 import { ConfigError, type Config } from '../../config/schema.js'
 import { createAuthenticator, type Authenticate } from '../../identity.js'
 import { createJobStore } from '../../leases/store.js'
 import { createLogger, type Logger } from '../../log.js'
 import { FencegateError, problemResponse } from '../../problems.js'
+import { storeCode, StoreError } from '../../store/db.js'
 import { createStore } from '../../store/store.js'
 import { configFromText, databaseUrlOf, stringBindings, workerAttestationSigner, workerKeys, type WorkerContext, type WorkerEnv } from './bindings.js'
 import { connectWorkersPostgres } from './db.js'
 import { createFetchForward } from './forward.js'
+import { createWorkerRules, defaultRulesCheckMs, type WorkerRules } from './rules.js'
 import { openRequestScope, whenConsumed, type RequestScope } from './scope.js'
 
 export interface FencegateWorker {
@@ -50,6 +52,7 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
   const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
   const attest = await workerAttestationSigner(config, vars)
   const forward = createFetchForward()
+  const rules = createWorkerRules({ config, log, checkEveryMs: rulesCheckMs(vars) })
   const closing = new Set<Promise<void>>()
 
   return {
@@ -57,7 +60,7 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
       const scope = openRequestScope(databaseUrl, forward)
       let response: Response
       try {
-        response = await route(request, scope, { config, authenticate, log, adminOn, attest })
+        response = await route(request, scope, { config, authenticate, log, adminOn, attest, rules })
       } catch (err) {
         // The apps render their own errors; this is only reached by a failure in the wiring itself.
         response = problemResponse(new FencegateError('internal_error'), crypto.randomUUID())
@@ -85,12 +88,44 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
 }
 
 // The apps are built per request because each binds one store; building one is a few route regexes.
-async function route(request: Request, scope: RequestScope, o: { config: Config; authenticate: Authenticate; log: Logger; adminOn: boolean; attest: AttestationSigner | undefined }): Promise<Response> {
-  const url = new URL(request.url)
-  if (o.adminOn && url.pathname.startsWith(adminPrefix)) {
-    url.pathname = url.pathname.slice(adminPrefix.length - 1)
-    return createAdminApp({ store: scope.store, authenticate: o.authenticate }).fetch(new Request(url, request))
+async function route(request: Request, scope: RequestScope, o: RouteDeps): Promise<Response> {
+  try {
+    const url = new URL(request.url)
+    if (o.adminOn && url.pathname.startsWith(adminPrefix)) {
+      url.pathname = url.pathname.slice(adminPrefix.length - 1)
+      // Only /rules needs the rules: /health must answer while the store is down.
+      const rulesPath = url.pathname === '/rules' || url.pathname.startsWith('/rules/')
+      const rules = rulesPath ? { rules: { registry: (await o.rules.forRequest(scope.db)).registry, db: scope.db } } : {}
+      return await createAdminApp({ store: scope.store, authenticate: o.authenticate, ...rules }).fetch(new Request(url, request))
+    }
+    const { rules } = await o.rules.forRequest(scope.db)
+    // The job API on the request's connection: without LISTEN, a waiting claim polls on the fallback tick.
+    return await createApp({
+      config: o.config, store: scope.store, forward: scope.forward, jobs: createJobStore(scope.db), rules: { current: () => rules },
+      authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}),
+    }).fetch(request)
+  } catch (err) {
+    // Reading the rules failed: nothing was judged or forwarded, as for any other store failure.
+    if (!(err instanceof StoreError)) throw err
+    const requestId = requestIdOf(request)
+    o.log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
+    return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), requestId)
   }
-  // The job API on the request's connection: without LISTEN, a waiting claim polls on the fallback tick.
-  return createApp({ config: o.config, store: scope.store, forward: scope.forward, jobs: createJobStore(scope.db), authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}) }).fetch(request)
+}
+
+interface RouteDeps {
+  config: Config
+  authenticate: Authenticate
+  log: Logger
+  adminOn: boolean
+  attest: AttestationSigner | undefined
+  rules: WorkerRules
+}
+
+/** FENCEGATE_RULES_CHECK_MS: how stale an isolate's rules may be, in milliseconds (0 checks on every request). */
+function rulesCheckMs(vars: Record<string, string | undefined>): number {
+  const raw = vars.FENCEGATE_RULES_CHECK_MS
+  if (raw === undefined || raw === '') return defaultRulesCheckMs
+  if (!/^(0|[1-9][0-9]{0,6})$/.test(raw)) throw new ConfigError([`FENCEGATE_RULES_CHECK_MS: expected whole milliseconds, 0 to 9999999, got ${JSON.stringify(raw)}`])
+  return Number(raw)
 }
