@@ -75,6 +75,13 @@ async function startSniffer(target: URL): Promise<{ port: number; sent: string[]
   }
 }
 
+/** Miniflare's Hyperdrive wants a password in the URL; the test server trusts loopback and never asks for it. */
+function withPassword(url: string): string {
+  const u = new URL(url)
+  u.password ||= 'unused'
+  return u.toString()
+}
+
 describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
   let t: TestDb
   let upstream: TestUpstream
@@ -118,6 +125,9 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     mf = await startWorkerd(await bundleWorker(), [
       { name: 'gateway', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_ADMIN: 'on' } },
       // The same Worker whose database refuses connections.
+      // The same Worker reaching the database through a Hyperdrive binding, as wrangler dev does with
+      // localConnectionString; its DATABASE_URL leads nowhere, so only the binding can work.
+      { name: 'hyperdrive', bindings: { ...common, DATABASE_URL: `postgres://postgres@127.0.0.1:${await closedPort()}/nowhere` }, hyperdrives: { HYPERDRIVE: withPassword(t.url!) } },
       // The same Worker, checking the rules' version on every request.
       { name: 'watching', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_RULES_CHECK_MS: '0' } },
       // The same Worker whose database connections pass a relay that keeps what the Worker sent.
@@ -326,5 +336,11 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     expect((await send('/_admin/rules/freeze-90', { method: 'DELETE', scope: 'fencegate:admin' })).json).toMatchObject({ deleted: true })
     expect((await send('/payments/90/capture', { fence: '2', worker: 'watching' })).status).toBe(200)
     expect(arrivedAt('/payments/90/').map((r) => r.headers['x-execution-fence'])).toEqual(['1', '2'])
+  })
+
+  it('reaches the database through a Hyperdrive binding before DATABASE_URL', async () => {
+    expect((await send('/payments/95/capture', { fence: '3', worker: 'hyperdrive' })).status).toBe(200)
+    expect((await send('/payments/95/capture', { fence: '2', worker: 'hyperdrive' })).json).toMatchObject({ status: 409, code: 'stale_fence' })
+    expect(await t.store.getEntity('acme', 'invoice:95')).toMatchObject({ highest_fence: '3' })
   })
 })

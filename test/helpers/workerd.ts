@@ -88,6 +88,8 @@ function readBundle(dir: string): WorkerBundle {
 export interface WorkerSpec {
   name: string
   bindings: Record<string, string>
+  /** Hyperdrive bindings and the database each stands for (wrangler's `localConnectionString`). */
+  hyperdrives?: Record<string, string>
 }
 
 /**
@@ -111,6 +113,7 @@ export async function startWorkerd(bundle: Pick<WorkerBundle, 'contents'>, worke
       compatibilityDate,
       compatibilityFlags,
       bindings: w.bindings,
+      ...(w.hyperdrives ? { hyperdrives: w.hyperdrives } : {}),
     })),
   })
   await mf.ready
