@@ -33,6 +33,12 @@ describe('the Workers entry', () => {
     expect(bundle.exports).toEqual(['default'])
   })
 
+  it('bundles no migration code: the Worker never changes the schema', async () => {
+    const { contents } = await bundleWorker()
+    expect(contents).not.toContain('fg_migrations')
+    expect(contents).toContain('fg_idempotency')
+  })
+
   it('starts in workerd and answers a request, even before it is configured', async () => {
     const mf = await startWorkerd(await bundleWorker(), [{ name: 'unconfigured', bindings: {} }])
     try {
