@@ -1,4 +1,4 @@
-import { exportPKCS8, exportSPKI, generateKeyPair } from 'jose'
+import { exportPKCS8, exportSPKI, generateKeyPair, SignJWT } from 'jose'
 import type { Miniflare } from 'miniflare'
 import { connect, createServer, type AddressInfo, type Server } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -42,7 +42,7 @@ function configText(upstream: string, refused: string): string {
     route({ name: 'charge', method: 'POST', path: '/charges/:id', upstream, entity: 'charge:{params.id}', idempotency: 'required', idempotency_wait: '10s', timeout_ms: 5000 }),
     route({ name: 'hold', method: 'POST', path: '/holds/:id', upstream, entity: 'hold:{params.id}', idempotency: 'required', timeout_ms: 5000 }),
     route({ name: 'slow', method: 'POST', path: '/slow/:id', upstream, entity: 'slow:{params.id}', timeout_ms: 300 }),
-    route({ name: 'refused', method: 'POST', path: '/refused/:id', upstream: refused, entity: 'refused:{params.id}', timeout_ms: 5000 }),
+    route({ name: 'refused', method: 'POST', path: '/refused/:id', upstream: refused, entity: 'refused:{params.id}', timeout_ms: 5000, idempotency: 'optional' }),
     route({ name: 'attested', method: 'POST', path: '/attested/:id', upstream, entity: 'attested:{params.id}', attest: true }),
     route({ name: 'ordered', method: 'POST', path: '/ordered/:id', upstream, entity: 'ordered:{params.id}', ordering: 'serialize', ordering_wait: '30s' }),
     route({ name: 'step', method: 'POST', path: '/steps/:name', upstream, fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
@@ -92,6 +92,7 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
   const held = new Map<string, Promise<void>>()
   const ordered = { arrivals: [] as string[], inFlight: 0, maxInFlight: 0 }
   let keys: { privatePem: string; publicPem: string }
+  let es256: CryptoKey
 
   beforeAll(async () => {
     t = await postgres!.open()
@@ -118,6 +119,9 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     const pair = await generateKeyPair('ES256', { extractable: true })
     keys = { privatePem: await exportPKCS8(pair.privateKey), publicPem: await exportSPKI(pair.publicKey) }
     const common = { FENCEGATE_CONFIG: config, FENCEGATE_JWT_SECRET: secret, FENCEGATE_ATTESTATION_KEY: keys.privatePem }
+    const signer = await generateKeyPair('ES256', { extractable: true })
+    es256 = signer.privateKey
+    const publicKeyConfig = config.replace('  hs256_secret: ${FENCEGATE_JWT_SECRET}', '  public_keys:\n    - file: signer.pem\n      alg: ES256')
     sniffer = await startSniffer(new URL(t.url!))
     const sniffed = new URL(t.url!)
     sniffed.port = String(sniffer.port)
@@ -128,6 +132,8 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
       // The same Worker reaching the database through a Hyperdrive binding, as wrangler dev does with
       // localConnectionString; its DATABASE_URL leads nowhere, so only the binding can work.
       { name: 'hyperdrive', bindings: { ...common, DATABASE_URL: `postgres://postgres@127.0.0.1:${await closedPort()}/nowhere` }, hyperdrives: { HYPERDRIVE: withPassword(t.url!) } },
+      // The same Worker verifying ES256 tokens with a public key from a binding.
+      { name: 'es256', bindings: { ...common, FENCEGATE_CONFIG: publicKeyConfig, DATABASE_URL: t.url!, FENCEGATE_PUBLIC_KEY_0: await exportSPKI(signer.publicKey) } },
       // The same Worker, checking the rules' version on every request.
       { name: 'watching', bindings: { ...common, DATABASE_URL: t.url!, FENCEGATE_RULES_CHECK_MS: '0' } },
       // The same Worker whose database connections pass a relay that keeps what the Worker sent.
@@ -232,9 +238,19 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
   })
 
   it('answers 502 for a refused upstream, as possibly sent: workerd fetch errors carry no reason', async () => {
-    const res = await send('/refused/1', { fence: '1' })
+    const res = await send('/refused/1', { fence: '1', key: 'refused-1' })
     expect(res.json).toMatchObject({ status: 502, code: 'upstream_unreachable' })
     expect(res.json.detail).not.toContain('nothing was sent')
+    // So the key is not freed for a retry that might charge twice: it waits for an operator.
+    expect(await t.store.getKey('acme', 'refused-1')).toMatchObject({ state: 'outcome_unknown' })
+  })
+
+  it('verifies ES256 tokens with a public key from FENCEGATE_PUBLIC_KEY_0, and refuses HS256 ones there', async () => {
+    const signed = await new SignJWT({ tenant_id: 'acme', sub: 'worker-1' }).setProtectedHeader({ alg: 'ES256' })
+      .setIssuer(issuer).setAudience(audience).setIssuedAt().setExpirationTime('5m').sign(es256)
+    expect((await send('/payments/96/capture', { fence: '1', token: signed, worker: 'es256' })).status).toBe(200)
+    expect((await send('/payments/96/capture', { fence: '2', worker: 'es256' })).json).toMatchObject({ status: 401, code: 'unauthenticated' })
+    expect(arrivedAt('/payments/96/')).toHaveLength(1)
   })
 
   it('serves the admin plane under /_admin/ with its scopes', async () => {
