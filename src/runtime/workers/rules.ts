@@ -51,19 +51,22 @@ export function createWorkerRules(o: { config: Config; log: Logger; checkEveryMs
     }
     if (!force && started - checkedAt < checkEveryMs) return set
     const version = await readRulesVersion(db)
-    checkedAt = Math.max(checkedAt, started)
-    if (version <= set.version) return set
-    try {
-      const next = await load(db)
-      if (next.version > set.version) {
-        set = next
-        log.info('rules_loaded', { rule_version: set.version })
+    if (version > set.version) {
+      try {
+        const next = await load(db)
+        if (next.version > set.version) {
+          set = next
+          log.info('rules_loaded', { rule_version: set.version })
+        }
+      } catch (err) {
+        // Not checked: the next request tries again.
+        if (err instanceof StoreError) throw err
+        // A stored set that does not validate is not used; the one in use stays, as on Node.
+        log.error('rules_reload_failed', { rule_version: set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
       }
-    } catch (err) {
-      if (err instanceof StoreError) throw err
-      // A stored set that does not validate is not used; the one in use stays, as on Node.
-      log.error('rules_reload_failed', { rule_version: set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
     }
+    // Counted from before the read: every change committed before `started` is in `set` now.
+    checkedAt = Math.max(checkedAt, started)
     return set
   }
 
