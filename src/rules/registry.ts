@@ -35,7 +35,8 @@ export function rulesOfConfig(config: Pick<Config, 'routes' | 'entity_rules'>): 
   return [...config.routes.map(routeToRule), ...config.entity_rules.map((r: EntityRuleConfig) => entityRuleToRule(r))]
 }
 
-function credentialsOf(config: Config): Map<string, Record<string, string>> {
+/** The routes' upstream credentials by route name: they stay in the file, never in the database. */
+export function credentialsOf(config: Config): Map<string, Record<string, string>> {
   return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0).map((r) => [r.name, r.upstream_headers]))
 }
 

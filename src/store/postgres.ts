@@ -73,6 +73,15 @@ export function failedBeforeSending(err: unknown): boolean {
 }
 
 /**
+ * A Db on a postgres.js client its caller configured: the Workers runtime opens
+ * its own per-request client with Workers-specific options (src/runtime/workers/db.ts).
+ * Without `listen`: such a client does not outlive its request.
+ */
+export function postgresClientDb(client: postgres.Sql): Db {
+  return wrap(client)
+}
+
+/**
  * LISTEN through postgres.js: one dedicated connection for every channel of this client,
  * which postgres.js re-opens (with backoff) and re-listens on after it drops. Its
  * `onlisten` runs on the first LISTEN and on every re-listen; only the re-listens are reported.

@@ -1,0 +1,131 @@
+import { createAdminApp } from '../../admin.js'
+import type { AttestationSigner } from '../../attest.js'
+import { createApp, requestIdOf } from '../../app.js'
+import { ConfigError, type Config } from '../../config/schema.js'
+import { createAuthenticator, type Authenticate } from '../../identity.js'
+import { createJobStore } from '../../leases/store.js'
+import { createLogger, type Logger } from '../../log.js'
+import { FencegateError, problemResponse } from '../../problems.js'
+import { storeCode, StoreError } from '../../store/db.js'
+import { createStore } from '../../store/store.js'
+import { configFromText, databaseUrlOf, stringBindings, workerAttestationSigner, workerKeys, type WorkerContext, type WorkerEnv } from './bindings.js'
+import { connectWorkersPostgres } from './db.js'
+import { createFetchForward } from './forward.js'
+import { createWorkerRules, defaultRulesCheckMs, type WorkerRules } from './rules.js'
+import { openRequestScope, whenConsumed, type RequestScope } from './scope.js'
+
+export interface FencegateWorker {
+  fetch(request: Request, ctx: WorkerContext): Promise<Response>
+  /** Deletes up to `limit` expired idempotency records; the Node gateway does this every minute. */
+  purgeExpired(limit?: number): Promise<number>
+  /** Resolves once every request's store has closed (the Worker itself holds no connection). */
+  close(): Promise<void>
+}
+
+/** Where the admin plane is served when FENCEGATE_ADMIN=on. */
+export const adminPrefix = '/_admin/'
+
+/**
+ * Builds fencegate for one Workers isolate: the configuration, authenticator
+ * and forward are built here once; the store is opened per request, because
+ * Workers forbids a socket opened in one request from serving another.
+ * Migrations are not run: run `fencegate migrate` against the database first.
+ *
+ * @example
+ * const worker = await createWorker(env)
+ * const res = await worker.fetch(request, ctx)
+ */
+export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
+  const vars = stringBindings(env)
+  if (!vars.FENCEGATE_CONFIG) throw new ConfigError(['FENCEGATE_CONFIG: not set (the configuration as YAML or JSON text)'])
+  const config = configFromText(vars.FENCEGATE_CONFIG, vars)
+  const databaseUrl = databaseUrlOf(env, config, vars)
+  const adminOn = vars.FENCEGATE_ADMIN === 'on'
+  // The Node admin plane without auth is confined to loopback; a Worker has no loopback.
+  if (adminOn && config.auth.mode === 'none') throw new ConfigError(['FENCEGATE_ADMIN: the admin plane needs auth.mode: jwt on Workers'])
+  if (adminOn) {
+    const shadowed = config.routes.find((r) => r.path === adminPrefix.slice(0, -1) || r.path.startsWith(adminPrefix))
+    if (shadowed) throw new ConfigError([`routes: ${shadowed.name} is under ${adminPrefix}, which FENCEGATE_ADMIN=on serves`])
+  }
+
+  const log = createLogger(config.log.level)
+  const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
+  const attest = await workerAttestationSigner(config, vars)
+  const forward = createFetchForward()
+  const rules = createWorkerRules({ config, log, checkEveryMs: rulesCheckMs(vars) })
+  const closing = new Set<Promise<void>>()
+
+  return {
+    async fetch(request, ctx) {
+      const scope = openRequestScope(databaseUrl, forward)
+      let response: Response
+      try {
+        response = await route(request, scope, { config, authenticate, log, adminOn, attest, rules })
+      } catch (err) {
+        // The apps render their own errors; this is only reached by a failure in the wiring itself.
+        response = problemResponse(new FencegateError('internal_error'), crypto.randomUUID())
+        log.error('internal_error', { error: (err as Error)?.name ?? typeof err })
+      }
+      const { body, done } = whenConsumed(response.body)
+      const closed = scope.closeAfter(done)
+      closing.add(closed)
+      void closed.finally(() => closing.delete(closed))
+      ctx.waitUntil(closed)
+      return new Response(body, response)
+    },
+    async purgeExpired(limit = 1000) {
+      const store = createStore(connectWorkersPostgres(databaseUrl))
+      try {
+        return await store.purgeExpired(limit)
+      } finally {
+        await store.close().catch(() => {})
+      }
+    },
+    async close() {
+      await Promise.all(closing)
+    },
+  }
+}
+
+// The apps are built per request because each binds one store; building one is a few route regexes.
+async function route(request: Request, scope: RequestScope, o: RouteDeps): Promise<Response> {
+  try {
+    const url = new URL(request.url)
+    if (o.adminOn && url.pathname.startsWith(adminPrefix)) {
+      url.pathname = url.pathname.slice(adminPrefix.length - 1)
+      // Only /rules needs the rules: /health must answer while the store is down.
+      const rulesPath = url.pathname === '/rules' || url.pathname.startsWith('/rules/')
+      const rules = rulesPath ? { rules: { registry: (await o.rules.forRequest(scope.db)).registry, db: scope.db } } : {}
+      return await createAdminApp({ store: scope.store, authenticate: o.authenticate, ...rules }).fetch(new Request(url, request))
+    }
+    const { rules } = await o.rules.forRequest(scope.db)
+    // The job API on the request's connection: without LISTEN, a waiting claim polls on the fallback tick.
+    return await createApp({
+      config: o.config, store: scope.store, forward: scope.forward, jobs: createJobStore(scope.db), rules: { current: () => rules },
+      authenticate: o.authenticate, log: o.log, ...(o.attest ? { attest: o.attest } : {}),
+    }).fetch(request)
+  } catch (err) {
+    // Reading the rules failed: nothing was judged or forwarded, as for any other store failure.
+    if (!(err instanceof StoreError)) throw err
+    const requestId = requestIdOf(request)
+    o.log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
+    return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), requestId)
+  }
+}
+
+interface RouteDeps {
+  config: Config
+  authenticate: Authenticate
+  log: Logger
+  adminOn: boolean
+  attest: AttestationSigner | undefined
+  rules: WorkerRules
+}
+
+/** FENCEGATE_RULES_CHECK_MS: how stale an isolate's rules may be, in milliseconds (0 checks on every request). */
+function rulesCheckMs(vars: Record<string, string | undefined>): number {
+  const raw = vars.FENCEGATE_RULES_CHECK_MS
+  if (raw === undefined || raw === '') return defaultRulesCheckMs
+  if (!/^(0|[1-9][0-9]{0,6})$/.test(raw)) throw new ConfigError([`FENCEGATE_RULES_CHECK_MS: expected whole milliseconds, 0 to 9999999, got ${JSON.stringify(raw)}`])
+  return Number(raw)
+}
