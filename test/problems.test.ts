@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/admin.js'
 import { createApp } from '../src/app.js'
 import { createUndiciForward } from '../src/node/forward.js'
-import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
+import { FencegateError, problemCatalog, problemResponse, type ClientErrorType, type ProblemCode } from '../src/problems.js'
 import { fingerprint } from '../src/idempotency.js'
 import { createJobStore } from '../src/leases/store.js'
 import { silentLogger } from '../src/log.js'
@@ -97,6 +97,18 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
 }
 
+const I = 'invalid_request_error', K = 'idempotency_error', A = 'api_error'
+/** The `error.type` each code is answered with (docs/http-contract.md states the same table). */
+const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
+  no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I,
+  invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
+  invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
+  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
+  store_unavailable: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
+  sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
+  rules_version_conflict: I, not_found: I, internal_error: A,
+}
+
 describe('every problem code', () => {
   let t: TestDb
   let broken: TestDb
@@ -167,6 +179,8 @@ describe('every problem code', () => {
     expect(body.request_id).toMatch(/.+/)
     expect(res.headers.get('x-request-id')).toBe(body.request_id)
     expect(JSON.stringify(body)).not.toContain('secret internal detail')
+    // The envelope SDKs raise from: Stripe's throws when `error` is present, and picks its class from it.
+    expect(body.error).toEqual({ type: envelopeTypes[code], code, message: body.detail, request_id: body.request_id })
   })
 
   it('never turns a client mistake into a 5xx', () => {
