@@ -1,17 +1,18 @@
+import { readFileSync } from 'node:fs'
 import Stripe from 'stripe'
+import { parse } from 'yaml'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startFakeStripe, type FakeStripe } from './helpers/fake-stripe.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 
-/** The route of docs/recipes/stripe.md: fenced per customer when a fence is sent, keyed always. */
-const paymentIntents = (upstream: string) => ({
-  name: 'payment-intents', method: 'POST', path: '/v1/payment_intents', upstream,
-  entity: 'customer:{body.metadata.external_id}', fence: 'optional',
-  idempotency: 'required', timeout_ms: 10_000, idempotency_lock: '30s',
-  upstream_dedupes_keys: true, retry_hint_header: 'Stripe-Should-Retry',
-  replay_headers: ['Request-Id', 'Stripe-Version'], forward_authorization: true,
-})
+/** The route of docs/recipes/stripe.md, read from its YAML, pointed at the fake instead of api.stripe.com. */
+function recipeRoute(): Record<string, unknown> {
+  const doc = readFileSync(new URL('../docs/recipes/stripe.md', import.meta.url), 'utf8')
+  const yaml = /```yaml\n([\s\S]*?)```/.exec(doc)![1]!
+  return (parse(yaml) as { routes: Record<string, unknown>[] }).routes[0]!
+}
+const paymentIntents = (upstream: string) => ({ ...recipeRoute(), upstream })
 /** The same without trusting the upstream to de-duplicate keys: an unknown outcome is an operator's call. */
 const charges = (upstream: string) => ({ ...paymentIntents(upstream), name: 'charges', path: '/v1/charges', upstream_dedupes_keys: false })
 
