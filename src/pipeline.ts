@@ -1,6 +1,6 @@
 import { attestationHeader, attestCommand, type AttestationSigner } from './attest.js'
 import { limitBody, readBody, sha256Hex, type Digest } from './body.js'
-import type { Config } from './config/schema.js'
+import { idempotencyWaitOf, type Config } from './config/schema.js'
 import { fenceHeader, parseFence, staleFenceError } from './fence.js'
 import { clientResponseHeaders, ForwardError, upstreamRequestHeaders, type Forward } from './forward.js'
 import { idempotencyHeader, parseIdempotencyKey, payloadFingerprint, replayResponse } from './idempotency.js'
@@ -222,9 +222,10 @@ export function createPipeline(deps: PipelineDeps) {
       case 'in_progress': {
         const rc = trace.route!.config
         const waitStarted = performance.now()
-        if (rc.idempotency_wait > 0) {
+        const waitMs = idempotencyWaitOf(rc)
+        if (waitMs > 0) {
           // The same command again: fence, lease and key are all decided anew.
-          const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, rc.idempotency_wait)
+          const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, waitMs)
           if (settled) return answerReservation(await reserve(command, trace), command, trace)
         }
         // Retry when the original's own timeout has passed, not when its (longer) lock would.

@@ -74,7 +74,7 @@ export const routeSchema = z.object({
   idempotency: z.enum(['required', 'optional', 'off']).default('off'),
   idempotency_ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(365 * 86_400_000, 'must be at most 365d')).default(86_400_000),
   idempotency_lock: duration.pipe(z.number().min(1, 'must be positive').max(86_400_000, 'must be at most 24h')).default(30_000),
-  // Default (filled in below): the route's timeout_ms, so a duplicate outlasts its original and gets the one result.
+  // Default: the route's timeout_ms (idempotencyWaitOf), so a duplicate outlasts its original and gets the one result.
   idempotency_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).optional(),
   on_unknown_outcome: z.enum(['fail', 'retry']).default('fail'),
   /** The upstream de-duplicates Idempotency-Key itself (Stripe does): an unknown outcome is retried with the same key. */
@@ -116,7 +116,18 @@ export const routeSchema = z.object({
   }
   const missing = entity?.params.find((p) => !pattern.params.includes(p))
   if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
-}).transform((r) => ({ ...r, idempotency_wait: r.idempotency_wait ?? Math.min(r.timeout_ms, 60_000) }))
+})
+
+/**
+ * How long a duplicate waits for its in-flight original: the route's
+ * `idempotency_wait`, else its `timeout_ms` (at most 60 s), so that it outlasts
+ * the original. Resolved here rather than stored, so a rule records what was written.
+ *
+ * @example idempotencyWaitOf(parseConfig(file).routes[0]) // 10000 with the defaults
+ */
+export function idempotencyWaitOf(route: Pick<RouteConfig, 'idempotency_wait' | 'timeout_ms'>): number {
+  return route.idempotency_wait ?? Math.min(route.timeout_ms, 60_000)
+}
 
 /**
  * An entity rule: overrides for every entity matching `entity_match`, where `*`
