@@ -11,6 +11,7 @@ import { silentLogger, type Logger } from './log.js'
 import { noMetrics, type Metrics } from './metrics.js'
 import { createPipeline } from './pipeline.js'
 import { FencegateError, problemResponse } from './problems.js'
+import { retryAfter } from './retry-hint.js'
 import { staticRules, type RuleSource } from './rules/registry.js'
 import { StoreError, storeCode } from './store/db.js'
 import type { Store } from './store/store.js'
@@ -74,7 +75,7 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
     if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
     if (err instanceof StoreError) {
       log.error('store_failed', { request_id: c.get('requestId'), store_code: storeCode(err) })
-      return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), c.get('requestId'))
+      return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed', {}, retryAfter(1000)), c.get('requestId'))
     }
     log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })
     return problemResponse(new FencegateError('internal_error'), c.get('requestId'))

@@ -1,3 +1,4 @@
+import { isFormBody, parseFormBody } from './form-body.js'
 import type { Identity } from './identity.js'
 import { FencegateError } from './problems.js'
 import { resolveEntity, type EntitySources, type Route } from './route.js'
@@ -63,7 +64,7 @@ export function checkClaimedTenant(where: string, sources: EntitySources, identi
 function readClaim(where: string, sources: EntitySources): string | undefined {
   const [source, ...path] = where.split('.')
   if (source === 'header') return sources.headers.get(path[0]!) ?? undefined
-  let node = sources.json()
+  let node = sources.body()
   for (const key of path) {
     if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
     node = (node as Record<string, unknown>)[key]
@@ -71,25 +72,34 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
   return node === undefined ? undefined : String(node)
 }
 
-/** What an entity template and a claimed tenant may read from a request; the body is parsed at most once, when read. */
-export function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array) {
-  let json: unknown
+/**
+ * What an entity template and a claimed tenant may read from a request; the
+ * body is parsed at most once, when read: as a form when its Content-Type says
+ * so (src/form-body.ts), else as JSON.
+ */
+export function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
+  let body: unknown
   let parsed = false
+  const form = isFormBody(request.headers.get('content-type'))
   return {
     params,
     query: url.searchParams,
     headers: request.headers,
-    json: () => {
+    body: () => {
       if (!parsed) {
         parsed = true
-        try {
-          json = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
-        } catch {
-          json = undefined
-        }
+        body = form ? parseFormBody(bytes) : parseJson(bytes)
       }
-      return json
+      return body
     },
+  }
+}
+
+function parseJson(bytes: Uint8Array): unknown {
+  try {
+    return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
+  } catch {
+    return undefined
   }
 }
 

@@ -64,9 +64,9 @@ export async function fingerprint(method: string, route: string, path: string, q
 // Only these describe the result itself; Set-Cookie, Date, hop-by-hop and rate-limit headers never replay.
 const replayableHeaders = ['content-type', 'location', 'content-location', 'etag', 'last-modified', 'link']
 
-/** The allow-listed headers of an upstream response, as stored for replay. */
-export function storedHeaders(headers: Headers): [string, string][] {
-  return replayableHeaders.flatMap((name) => {
+/** The allow-listed headers of an upstream response, plus a route's `replay_headers`, as stored for replay. */
+export function storedHeaders(headers: Headers, extra: readonly string[] = []): [string, string][] {
+  return [...replayableHeaders, ...extra.filter((name) => !replayableHeaders.includes(name))].flatMap((name) => {
     const value = headers.get(name)
     return value === null ? [] : [[name, value] as [string, string]]
   })

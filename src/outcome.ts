@@ -36,7 +36,7 @@ export async function settleResponse(o: {
     await logged(log, requestId, 'release', () => store.release(held))
     return upstream.body
   }
-  const headers = storedHeaders(upstream.headers)
+  const headers = storedHeaders(upstream.headers, route.replay_headers)
   const record = async (captured: Captured) => {
     const settled = captured.kind === 'complete'
       ? store.complete(held, { replayable: true, response: { status: upstream.status, headers, body: captured.body }, ttlMs: route.idempotency_ttl })

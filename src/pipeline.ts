@@ -1,6 +1,6 @@
 import { attestationHeader, attestCommand, type AttestationSigner } from './attest.js'
 import { limitBody, readBody, sha256Hex, type Digest } from './body.js'
-import type { Config } from './config/schema.js'
+import { idempotencyWaitOf, type Config } from './config/schema.js'
 import { fenceHeader, parseFence, staleFenceError } from './fence.js'
 import { clientResponseHeaders, ForwardError, upstreamRequestHeaders, type Forward } from './forward.js'
 import { idempotencyHeader, parseIdempotencyKey, payloadFingerprint, replayResponse } from './idempotency.js'
@@ -12,6 +12,8 @@ import { FencegateError, type ProblemCode } from './problems.js'
 import { checkClaimedTenant, commandPolicy, entitySources, leaseJobOf, type CommandPolicy } from './command.js'
 import { resolveEntity, type Route } from './route.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
+import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
+import { forwardFailureRetry, inProgressRetryMs, retryAfter, withRetryHint } from './retry-hint.js'
 import type { RuleSet, RuleSource } from './rules/registry.js'
 import { StoreError, storeCode } from './store/db.js'
 import type { Command, Held, IdempotencyClaim, Reservation, Store } from './store/store.js'
@@ -113,6 +115,8 @@ export function createPipeline(deps: PipelineDeps) {
           }
           const early = await answerReservation(await reserve(command, trace), command, trace)
           if (early) {
+            echoIdempotencyKey(early.headers, request, rc)
+            hintReplay(early.headers, rc)
             logDecision(trace, 'replayed', early.status, started)
             return early
           }
@@ -146,13 +150,15 @@ export function createPipeline(deps: PipelineDeps) {
       // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
       const headers = clientResponseHeaders(upstream.headers)
       headers.set('x-request-id', requestId)
+      echoIdempotencyKey(headers, request, rc)
       const responseBody = held ? await settleResponse({ store, log, route: rc, held, upstream, requestId }) : upstream.body
       // A captured body ends only once its record is stored; a length would let the client finish earlier.
       if (held && responseBody !== upstream.body) headers.delete('content-length')
       logDecision(trace, 'forwarded', upstream.status, started)
       return new Response(responseBody, { status: upstream.status, statusText: upstream.statusText, headers })
     } catch (err) {
-      const problem = toProblem(err)
+      const problem = withRetryHint(toProblem(err), trace.route?.config)
+      if (trace.route) echoIdempotencyKey(problem.headers, request, trace.route.config)
       if (problem.code === 'internal_error') log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
       if (err instanceof StoreError) log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
       logDecision(trace, 'rejected', problem.status, started, problem.code)
@@ -192,7 +198,7 @@ export function createPipeline(deps: PipelineDeps) {
       ownerToken: crypto.randomUUID(),
       lockMs: rc.idempotency_lock,
       ttlMs: rc.idempotency_ttl,
-      retryUnknown: rc.on_unknown_outcome === 'retry',
+      retryUnknown: rc.on_unknown_outcome === 'retry' || rc.upstream_dedupes_keys,
     }
   }
 
@@ -215,13 +221,17 @@ export function createPipeline(deps: PipelineDeps) {
       case 'outcome_unknown': throw new FencegateError('outcome_unknown', 'the original request may have reached the upstream but its answer was lost; reconcile, then release the key')
       case 'in_progress': {
         const rc = trace.route!.config
-        if (rc.idempotency_wait > 0) {
+        const waitStarted = performance.now()
+        const waitMs = idempotencyWaitOf(rc)
+        if (waitMs > 0) {
           // The same command again: fence, lease and key are all decided anew.
-          const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, rc.idempotency_wait)
+          const settled = await waitForOutcome(store, command.tenant, command.idempotency!.key, waitMs)
           if (settled) return answerReservation(await reserve(command, trace), command, trace)
         }
-        const seconds = Math.max(1, Math.ceil(r.retryAfterMs / 1000))
-        throw new FencegateError('request_in_progress', 'the original request is still being processed; retry later', {}, { 'retry-after': String(seconds) })
+        // Retry when the original's own timeout has passed, not when its (longer) lock would.
+        const waited = performance.now() - waitStarted
+        const ms = inProgressRetryMs({ ageMs: r.ageMs + waited, lockLeftMs: r.retryAfterMs - waited }, rc.timeout_ms)
+        throw new FencegateError('request_in_progress', 'the original request is still being processed; retry later', {}, retryAfter(ms))
       }
     }
   }
@@ -275,10 +285,11 @@ export function createPipeline(deps: PipelineDeps) {
       if (!(err instanceof ForwardError)) throw err
       // Nothing sent: the key is free again. Possibly sent: the outcome is unknown.
       if (held) await logged(log, requestId, err.sent ? 'mark_unknown' : 'release', () => (err.sent ? store.markUnknown(held) : store.release(held)))
-      if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`)
+      const retry = forwardFailureRetry({ sent: err.sent, keyed: held !== undefined, upstreamDedupesKeys: route.config.upstream_dedupes_keys })
+      if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`, {}, retry)
       throw new FencegateError('upstream_unreachable', err.sent
         ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
-        : 'the upstream refused or could not be reached; nothing was sent')
+        : 'the upstream refused or could not be reached; nothing was sent', {}, retry)
     }
   }
 
@@ -313,6 +324,6 @@ function roundMs(ms: number | undefined): number | undefined {
 /** Store failures fail closed as 503; anything unexpected is an internal error. */
 function toProblem(err: unknown): FencegateError {
   if (err instanceof FencegateError) return err
-  if (err instanceof StoreError) return new FencegateError('store_unavailable', 'the store could not record this command, so it was not forwarded')
+  if (err instanceof StoreError) return new FencegateError('store_unavailable', 'the store could not record this command, so it was not forwarded', {}, retryAfter(1000))
   return new FencegateError('internal_error', 'an unexpected error occurred')
 }

@@ -71,7 +71,31 @@ export class FencegateError extends Error {
   }
 }
 
-/** The JSON body of a problem response (RFC 9457). */
+/**
+ * The `error.type` of the envelope that Stripe, OpenAI and many other APIs
+ * answer with. Stripe's SDKs read it: `idempotency_error` is about the key,
+ * `api_error` is the server's side (every 5xx), `invalid_request_error` is
+ * anything else the client sent. See docs/http-contract.md for the mapping.
+ */
+export type ClientErrorType = 'idempotency_error' | 'invalid_request_error' | 'api_error'
+
+const idempotencyCodes: ReadonlySet<ProblemCode> = new Set(['request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable'])
+
+/** @example clientErrorType('idempotency_key_reused') // 'idempotency_error' */
+export function clientErrorType(code: ProblemCode): ClientErrorType {
+  if (problemCatalog[code].status >= 500) return 'api_error'
+  return idempotencyCodes.has(code) ? 'idempotency_error' : 'invalid_request_error'
+}
+
+/** The `error` member: what SDKs that key on `{ error: { type, code, message } }` raise from. */
+export interface ClientErrorEnvelope {
+  type: ClientErrorType
+  code: ProblemCode
+  message: string
+  request_id?: string
+}
+
+/** The JSON body of a problem response (RFC 9457), with the `error` envelope beside its members. */
 export interface ProblemBody {
   type: string
   title: string
@@ -79,6 +103,7 @@ export interface ProblemBody {
   detail: string
   code: ProblemCode
   request_id?: string
+  error: ClientErrorEnvelope
   [extra: string]: unknown
 }
 
@@ -91,8 +116,9 @@ export function problemBody(err: FencegateError, requestId?: string): ProblemBod
     status: err.status,
     detail: err.detail,
     code: err.code,
+    error: { type: clientErrorType(err.code), code: err.code, message: err.detail },
   }
-  if (requestId) body.request_id = requestId
+  if (requestId) body.request_id = body.error.request_id = requestId
   return body
 }
 

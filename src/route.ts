@@ -147,8 +147,8 @@ export interface EntitySources {
   params: Record<string, string>
   query: URLSearchParams
   headers: Headers
-  /** The parsed JSON body, or undefined when the body is not JSON. */
-  json(): unknown
+  /** The parsed body (a form, when its Content-Type says so, else JSON), or undefined when it does not parse. */
+  body(): unknown
 }
 
 /**
@@ -181,7 +181,7 @@ function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntityS
     case 'query': return s.query.get(part.name) ?? undefined
     case 'header': return s.headers.get(part.name) ?? undefined
     case 'body': {
-      let node: unknown = s.json()
+      let node: unknown = s.body()
       for (const key of part.path) {
         if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
         node = (node as Record<string, unknown>)[key]

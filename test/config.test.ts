@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest'
 import { loadConfigText } from '../src/config/load.js'
-import { ConfigError, parseConfig } from '../src/config/schema.js'
+import { ConfigError, idempotencyWaitOf, parseConfig } from '../src/config/schema.js'
 import { parseDuration, parseSize } from '../src/config/units.js'
 
 type Raw = Record<string, unknown>
@@ -75,9 +75,28 @@ describe('parseConfig defaults', () => {
     expect(r.timeout_ms).toBe(10_000)
     expect(r.upstream).toEqual({ origin: 'http://127.0.0.1:9001', basePath: '' })
     expect(r).toMatchObject({
-      idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, idempotency_wait: 0, on_unknown_outcome: 'fail',
+      idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, on_unknown_outcome: 'fail',
       transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {}, attest: false,
+      upstream_dedupes_keys: false, replay_headers: [],
     })
+    expect(r.retry_hint_header).toBeUndefined()
+    expect(r.idempotency_wait).toBeUndefined()
+    expect(idempotencyWaitOf(r)).toBe(10_000)
+  })
+
+  it('lets a duplicate wait as long as its original may run: idempotency_wait defaults to timeout_ms, at most 60s', () => {
+    const wait = (extra: Record<string, unknown>) => idempotencyWaitOf(parseConfig({ routes: [route(extra)] }).routes[0]!)
+    expect(wait({ timeout_ms: 4000 })).toBe(4000)
+    expect(wait({ timeout_ms: 120_000 })).toBe(60_000)
+    expect(wait({ timeout_ms: 4000, idempotency_wait: 0 })).toBe(0)
+  })
+
+  it('refuses replay_headers that must never come from the store, and lower-cases the rest', () => {
+    for (const name of ['Set-Cookie', 'Content-Length', 'Transfer-Encoding', 'Idempotent-Replayed', 'X-Request-Id']) {
+      expect(problemsOf(() => parseConfig({ routes: [route({ replay_headers: [name] })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.replay_headers\[0\]: this header is never replayed/)])
+    }
+    expect(parseConfig({ routes: [route({ replay_headers: ['Request-Id', 'Stripe-Version'] })] }).routes[0]!.replay_headers).toEqual(['request-id', 'stripe-version'])
+    expect(problemsOf(() => parseConfig({ routes: [route({ retry_hint_header: 'Stripe Should Retry' })] }))).toEqual([expect.stringMatching(/retry_hint_header: expected a header name/)])
   })
 
   it('fills in defaults inside a partially given section', () => {

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/admin.js'
 import { createApp } from '../src/app.js'
 import { createUndiciForward } from '../src/node/forward.js'
-import { FencegateError, problemCatalog, problemResponse, type ProblemCode } from '../src/problems.js'
+import { FencegateError, problemCatalog, problemResponse, type ClientErrorType, type ProblemCode } from '../src/problems.js'
 import { fingerprint } from '../src/idempotency.js'
 import { createJobStore } from '../src/leases/store.js'
 import { silentLogger } from '../src/log.js'
@@ -97,6 +97,27 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
 }
 
+const I = 'invalid_request_error', K = 'idempotency_error', A = 'api_error'
+/** The `error.type` each code is answered with (docs/http-contract.md states the same table). */
+const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
+  no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I,
+  invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
+  invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
+  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
+  store_unavailable: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
+  sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
+  rules_version_conflict: I, not_found: I, internal_error: A,
+}
+
+/** Refusals a retry can help with: they carry Retry-After and the route's hint says true; all others carry neither. */
+const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailable', 'entity_busy', 'upstream_unreachable'])
+/** Codes answered on a matched route, so they carry the route's `retry_hint_header` (job and admin APIs have none). */
+const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
+  'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
+  'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'store_unavailable',
+  'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
+const hint = 'Stripe-Should-Retry'
+
 describe('every problem code', () => {
   let t: TestDb
   let broken: TestDb
@@ -120,12 +141,12 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket}' }),
       route(`http://127.0.0.1:${await closedPort()}`, { name: 'refused', path: '/refused/:id', entity: 'r:{params.id}' }),
       route(upstream.url, { name: 'slow', path: '/slow/:id', entity: 's:{params.id}', timeout_ms: 100 }),
-      route(upstream.url, { name: 'keyed', path: '/keyed/:id', entity: 'k:{params.id}', idempotency: 'required' }),
+      route(upstream.url, { name: 'keyed', path: '/keyed/:id', entity: 'k:{params.id}', idempotency: 'required', idempotency_wait: 0 }),
       route(upstream.url, { name: 'tiny', path: '/tiny/:id', entity: 't:{params.id}', idempotency: 'required', max_stored_body: 1 }),
       route(upstream.url, { name: 'render', path: '/render/:id', fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
       route(upstream.url, { name: 'serial', path: '/serial/:id', entity: 'se:{params.id}', ordering: 'serialize', ordering_wait: 10 }),
-    ], {
+    ].map((r) => ({ ...r, retry_hint_header: hint })), {
       server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }],
       entity_rules: [{ name: 'freeze', entity_match: 'invoice:frozen', frozen: true }],
     })
@@ -133,7 +154,7 @@ describe('every problem code', () => {
       route(upstream.url),
       route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
       route(upstream.url, { name: 'scoped', path: '/scoped/:invoice_id', scopes: ['payments:write'] }),
-    ], { auth: jwtAuth })
+    ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     apps = {
       db: t.db,
@@ -167,6 +188,12 @@ describe('every problem code', () => {
     expect(body.request_id).toMatch(/.+/)
     expect(res.headers.get('x-request-id')).toBe(body.request_id)
     expect(JSON.stringify(body)).not.toContain('secret internal detail')
+    // The envelope SDKs raise from: Stripe's throws when `error` is present, and picks its class from it.
+    expect(body.error).toEqual({ type: envelopeTypes[code], code, message: body.detail, request_id: body.request_id })
+    // Retry guidance: Retry-After exactly on transient refusals, and the route's hint agrees with it.
+    expect(res.headers.has('retry-after'), 'Retry-After').toBe(transient.has(code))
+    if (transient.has(code)) expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1)
+    expect(res.headers.get(hint), hint).toBe(onRoute.has(code) ? String(transient.has(code)) : null)
   })
 
   it('never turns a client mistake into a 5xx', () => {

@@ -28,7 +28,7 @@ function sources(s: { params?: Record<string, string>; query?: string; headers?:
     params: s.params ?? {},
     query: new URLSearchParams(s.query ?? ''),
     headers: new Headers(s.headers ?? {}),
-    json() {
+    body() {
       calls++
       if (s.body === undefined) return undefined
       try {
@@ -458,7 +458,7 @@ describe('regressions: entities the store could not hold as given', () => {
     ['a lone surrogate', 'a\ud800'],
   ])('%s is entity_unresolved', (_name, value) => {
     expect(() => resolveEntity(compileEntityTemplate('x:{params.id}'), {
-      params: { id: value }, query: new URLSearchParams(), headers: new Headers(), json: () => undefined,
+      params: { id: value }, query: new URLSearchParams(), headers: new Headers(), body: () => undefined,
     })).toThrow(expect.objectContaining({ code: 'entity_unresolved' }))
   })
 })

@@ -41,6 +41,11 @@ const upstream = z.string().transform((v, ctx) => {
   return { origin: url.origin, basePath: url.pathname.replace(/\/+$/, '') }
 })
 
+const headerName = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/
+// Framing, cookies and what only the gateway sets on a replay never come from the store.
+const unreplayable = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection', 'te', 'trailer',
+  'transfer-encoding', 'upgrade', 'host', 'content-length', 'set-cookie', 'set-cookie2', 'idempotent-replayed', 'x-request-id', 'idempotency-key'])
+
 // Routes and entity rules share one namespace (the rules API addresses both by name).
 const ruleName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'expected 1-64 letters, digits, _ . -')
 
@@ -69,8 +74,16 @@ export const routeSchema = z.object({
   idempotency: z.enum(['required', 'optional', 'off']).default('off'),
   idempotency_ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(365 * 86_400_000, 'must be at most 365d')).default(86_400_000),
   idempotency_lock: duration.pipe(z.number().min(1, 'must be positive').max(86_400_000, 'must be at most 24h')).default(30_000),
-  idempotency_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).default(0),
+  // Default: the route's timeout_ms (idempotencyWaitOf), so a duplicate outlasts its original and gets the one result.
+  idempotency_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).optional(),
   on_unknown_outcome: z.enum(['fail', 'retry']).default('fail'),
+  /** The upstream de-duplicates Idempotency-Key itself (Stripe does): an unknown outcome is retried with the same key. */
+  upstream_dedupes_keys: z.boolean().default(false),
+  /** A vendor header that states whether a refusal is worth retrying (`true`/`false`), e.g. Stripe-Should-Retry. */
+  retry_hint_header: z.string().regex(headerName, 'expected a header name').optional(),
+  /** Upstream response headers stored and replayed beside the built-in allow-list, e.g. Request-Id. */
+  replay_headers: z.array(z.string().regex(headerName, 'expected a header name').transform((h) => h.toLowerCase())
+    .refine((h) => !unreplayable.has(h), 'this header is never replayed (hop-by-hop, Set-Cookie or fencegate\'s own)')).default([]),
   transient_statuses: z.array(z.number().int().min(100).max(599)).default([429, 503]),
   max_stored_body: size.default(1024 * 1024),
   scopes: z.array(z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected a scope such as payments:write')).default([]),
@@ -78,7 +91,7 @@ export const routeSchema = z.object({
   forward_authorization: z.boolean().default(false),
   ordering: z.enum(['none', 'serialize']).default('none'),
   ordering_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).default(5000),
-  upstream_headers: z.record(z.string().regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/, 'expected a header name'), z.string().regex(/^[\t\x20-\x7E\x80-\xFF]*$/, 'expected a header value without control characters')).default({}),
+  upstream_headers: z.record(z.string().regex(headerName, 'expected a header name'), z.string().regex(/^[\t\x20-\x7E\x80-\xFF]*$/, 'expected a header value without control characters')).default({}),
   /** Sign a Fence-Attestation for the upstream (src/attest.ts); needs the gateway's `attestation` section. */
   attest: z.boolean().default(false),
 }).strict().superRefine((r, ctx) => {
@@ -104,6 +117,17 @@ export const routeSchema = z.object({
   const missing = entity?.params.find((p) => !pattern.params.includes(p))
   if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
 })
+
+/**
+ * How long a duplicate waits for its in-flight original: the route's
+ * `idempotency_wait`, else its `timeout_ms` (at most 60 s), so that it outlasts
+ * the original. Resolved here rather than stored, so a rule records what was written.
+ *
+ * @example idempotencyWaitOf(parseConfig(file).routes[0]) // 10000 with the defaults
+ */
+export function idempotencyWaitOf(route: Pick<RouteConfig, 'idempotency_wait' | 'timeout_ms'>): number {
+  return route.idempotency_wait ?? Math.min(route.timeout_ms, 60_000)
+}
 
 /**
  * An entity rule: overrides for every entity matching `entity_match`, where `*`

@@ -46,7 +46,8 @@ export type Reservation =
   | { kind: 'lease_expired' }
   | { kind: 'proceed'; highest: string | null }
   | { kind: 'replay'; stored: StoredResponse }
-  | { kind: 'in_progress'; retryAfterMs: number }
+  /** `retryAfterMs`: what is left of the original's lock; `ageMs`: how long ago the original was reserved. */
+  | { kind: 'in_progress'; retryAfterMs: number; ageMs: number }
   | { kind: 'reused' }
   | { kind: 'outcome_unknown' }
   | { kind: 'not_replayable' }
@@ -60,6 +61,7 @@ interface ReserveRow {
   headers: string | null
   body: Uint8Array | null
   retry_after_ms: number | null
+  age_ms: number | null
   lease_ok: boolean
 }
 
@@ -149,7 +151,8 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
           ORDER BY pick LIMIT 1)
       RETURNING k.state, k.owner_token = ${k?.ownerToken ?? null} AS owned, k.fingerprint = ${k?.fingerprint ?? null} AS same_payload,
                 k.status, k.headers::text AS headers, k.body,
-                GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::integer AS retry_after_ms
+                GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::integer AS retry_after_ms,
+                GREATEST(0, floor(extract(epoch FROM (now() - k.created_at)) * 1000))::integer AS age_ms
     ), reused AS (
       INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
       SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'idempotency_key_reused', ${c.fence}::bigint, NULL,
@@ -158,10 +161,10 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       RETURNING id
     )
     SELECT true AS lease_ok, ${c.fence}::bigint::text AS highest, 'completed' AS state, false AS owned, true AS same_payload,
-           status, headers, body, 0 AS retry_after_ms
+           status, headers, body, 0 AS retry_after_ms, 0 AS age_ms
     FROM replay
     UNION ALL
-    SELECT NOT EXISTS (SELECT 1 FROM lease_refused), (SELECT highest_fence::text FROM decided), r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms
+    SELECT NOT EXISTS (SELECT 1 FROM lease_refused), (SELECT highest_fence::text FROM decided), r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms, r.age_ms
     FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true
     WHERE NOT EXISTS (SELECT 1 FROM replay)`
   return decide(row!, c)
@@ -204,7 +207,7 @@ function decide(row: ReserveRow, c: Command): Reservation {
       return { kind: 'replay', stored: { status: row.status!, headers: JSON.parse(row.headers ?? '[]') as [string, string][], body: row.body ?? new Uint8Array(0) } }
     case 'not_replayable': return { kind: 'not_replayable' }
     case 'outcome_unknown': return { kind: 'outcome_unknown' }
-    default: return { kind: 'in_progress', retryAfterMs: row.retry_after_ms ?? 0 }
+    default: return { kind: 'in_progress', retryAfterMs: row.retry_after_ms ?? 0, ageMs: row.age_ms ?? 0 }
   }
 }
 
