@@ -3,11 +3,13 @@ import type { Db } from '../store/db.js'
 import { claimJobs, type Claimed, type ClaimRequest } from './claim.js'
 import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
+import { startJobs, type StartItem } from './start-many.js'
 import { jobsChannel } from './wake.js'
 
 export type { JobView } from './read.js'
 export type { Claimed, ClaimRequest } from './claim.js'
 export { maxClaimBatch } from './claim.js'
+export { maxBulkStart, type StartItem, type Started } from './start-many.js'
 
 /** The states a job moves through (docs/leases.md#states). */
 export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
@@ -233,6 +235,7 @@ export type JobStore = ReturnType<typeof createJobStore>
 export function createJobStore(db: Db) {
   return {
     startJob: (s: Parameters<typeof startJob>[1]) => startJob(db, s),
+    startJobs: (tenant: string, items: StartItem[]) => startJobs(db, tenant, items),
     claimOne: (c: Parameters<typeof claimOne>[1]) => claimOne(db, c),
     claimJobs: (c: ClaimRequest) => claimJobs(db, c),
     heartbeat: (h: Holder, types: JobType[]) => heartbeat(db, h, types),
