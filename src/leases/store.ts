@@ -3,6 +3,7 @@ import type { Db } from '../store/db.js'
 import { claimJobs, type Claimed, type ClaimRequest } from './claim.js'
 import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
+import { purgeFinishedJobs } from './retention.js'
 import { startJobs, type StartItem } from './start-many.js'
 import { jobsChannel } from './wake.js'
 
@@ -246,6 +247,8 @@ export function createJobStore(db: Db) {
     fail: (h: Holder, types: JobType[], error: unknown, retryable: boolean) => fail(db, h, types, error, retryable),
     release: (h: Holder) => release(db, h),
     cancel: (tenant: string, jobId: string) => cancel(db, tenant, jobId),
+    /** Deletes up to `limit` jobs finished more than `retentionMs` ago, with their chunks (job_retention). */
+    purgeFinished: (retentionMs: number, limit?: number) => purgeFinishedJobs(db, retentionMs, limit),
     getJob: (tenant: string, jobId: string) => getJob(db, tenant, jobId),
     chunksFrom: (jobId: string, from: number) => chunksFrom(db, jobId, from),
     /** LISTENs for jobs becoming claimable; undefined where the Db cannot listen (claims then poll). */
