@@ -115,7 +115,11 @@ const silent = new Logger(() => () => {})
 export async function graphileSystem(s: { url: string; database: string; connections: number }): Promise<System & { close(): Promise<void> }> {
   const pool = new pg.Pool({ connectionString: s.url, max: s.connections })
   const producerPool = new pg.Pool({ connectionString: s.url, max: s.connections })
-  for (const p of [pool, producerPool]) p.on('error', (err) => console.error(`graphile-worker pool: ${err.message}`))
+  for (const p of [pool, producerPool]) {
+    const report = (err: Error) => console.error(`graphile-worker pool: ${err.message}`)
+    p.on('error', report)
+    p.on('connect', (client) => client.on('error', report))
+  }
   await runMigrations({ pgPool: pool, logger: silent })
   const utils: WorkerUtils = await makeWorkerUtils({ pgPool: producerPool, logger: silent })
   const warm = async (p: pg.Pool, n: number) => {
