@@ -1,33 +1,46 @@
-// `npm run bench -- leases`: claim → heartbeat → complete with N concurrent workers, over
-// HTTP against a gateway process on PostgreSQL, and the same workload in the same run
-// directly against the store (createJobStore in this process, no HTTP), for the ratio.
-// Every phase works a fixed number of jobs seeded beforehand and ends when the queue is
-// empty, so each loop is bounded by the job count.
+// `npm run bench -- leases`: fencegate's lease service side by side with graphile-worker,
+// in one run on one PostgreSQL server, each system on a fresh database of its own.
+// No-op jobs, `--concurrency` in flight, drained from a backlog seeded beforehand at each
+// `--depths` (seeding is not measured), then a steady regime where producers keep about
+// `--backlog` jobs waiting. Reported: jobs/s and CPU µs per job of this process (the
+// workers, and the producers in the steady regime), the gateway, and the PostgreSQL
+// backends of the system's database (/proc/<pid>/stat).
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import postgres from 'postgres'
 import { Pool } from 'undici'
 import { parseConfig } from '../src/config/schema.js'
-import { createJobStore, type JobStore } from '../src/leases/store.js'
+import { createJobStore } from '../src/leases/store.js'
 import type { Db } from '../src/store/db.js'
 import { connectPostgres } from '../src/store/postgres.js'
+import { fencegateSystem, graphileSystem, httpSteps, jobTypeName, storeSteps, type System } from './lease-systems.js'
 import { parseOptions, recommendedGatewayNodeOptions } from './options.js'
-import { cpuBetween, cpuSeconds, freePort, isHealthy, postgresCpu, startChild, stopChild, waitUntil, type Child } from './procs.js'
+import { backendCpu, backendCpuBetween, type BackendCpu } from './pg-cpu.js'
+import { cpuSeconds, freePort, isHealthy, startChild, stopChild, waitUntil, type Child } from './procs.js'
 import { prepareStore, type BenchStore } from './store.js'
 
+const systemNames = ['store', 'store-batch', 'http', 'http-batch', 'graphile'] as const
+type SystemName = (typeof systemNames)[number]
+
 const flags = {
-  workers: { type: 'string', help: 'concurrent workers in each phase (default 20)' },
-  jobs: { type: 'string', help: 'jobs each measured phase works through (default 3000)' },
-  rounds: { type: 'string', help: 'measured rounds, each one store phase then one HTTP phase (default 2)' },
-  'database-url': { type: 'string', help: 'PostgreSQL database to use as-is (else DATABASE_URL; else a fresh one is created and dropped)' },
-  'admin-url': { type: 'string', help: 'where that fresh database is created (default postgres://postgres@127.0.0.1:5432/test)' },
+  depths: { type: 'string', help: 'queue depths to drain, comma-separated (default 1000,20000,100000)' },
+  'steady-jobs': { type: 'string', help: 'jobs in the steady regime; 0 skips it (default 20000)' },
+  rounds: { type: 'string', help: 'measured rounds; the table shows medians (default 3)' },
+  concurrency: { type: 'string', help: 'jobs in flight at most, for every system (default 20)' },
+  batch: { type: 'string', help: 'jobs per claim in the *-batch systems (default 10)' },
+  producers: { type: 'string', help: 'producers in the steady regime (default 20)' },
+  backlog: { type: 'string', help: 'jobs the steady producers keep waiting at most (default 200)' },
+  systems: { type: 'string', help: `systems to run (default ${systemNames.join(',')})` },
+  'admin-url': { type: 'string', help: 'where the fresh databases are created (default postgres://postgres@127.0.0.1:5432/test)' },
   help: { type: 'boolean', help: 'show this help' },
 } as const
 
 function usage(): string {
-  const lines = ['usage: npm run bench -- leases [options]', '', 'claim → heartbeat → complete throughput, over HTTP and directly against the store.', '', 'options:']
+  const lines = ['usage: npm run bench -- leases [options]', '', 'fencegate job claims side by side with graphile-worker, at several queue depths and steady.', '', 'options:']
   for (const [name, f] of Object.entries(flags)) lines.push(`  --${name}${f.type === 'string' ? ' <value>' : ''}`.padEnd(28) + f.help)
+  lines.push('', 'a short check: npm run bench -- leases --depths 200,1000 --steady-jobs 500 --rounds 1')
   return lines.join('\n')
 }
 
@@ -37,191 +50,212 @@ function integer(value: unknown, name: string, fallback: number, min: number, ma
   return Number(value)
 }
 
-/** One worker's view of the lease API: the same three steps over HTTP or on the store. */
-interface Steps {
-  claim(worker: string): Promise<{ jobId: string; fence: string } | undefined>
-  heartbeat(worker: string, jobId: string, fence: string): Promise<boolean>
-  complete(worker: string, jobId: string, fence: string): Promise<boolean>
+interface Options {
+  depths: number[]
+  steadyJobs: number
+  rounds: number
+  concurrency: number
+  batch: number
+  producers: number
+  backlog: number
+  systems: SystemName[]
+  adminUrl: string | undefined
 }
 
-const jobType = { name: 'bench', lease: '60s', max_attempts: 3 }
-const types = parseConfig({ routes: [{ name: 'unused', method: 'POST', path: '/unused', upstream: 'http://127.0.0.1:9', fence: 'off' }], job_types: [jobType] }).job_types
-
-function storeSteps(jobs: JobStore): Steps {
-  const holder = (workerId: string, jobId: string, fence: string) => ({ tenant: 'default', workerId, jobId, fence })
+function parse(argv: string[]): Options | undefined {
+  const { values } = parseArgs({ args: argv, options: Object.fromEntries(Object.entries(flags).map(([k, f]) => [k, { type: f.type }])), strict: true })
+  if (values.help) return undefined
+  const list = (v: unknown, fallback: string) => (typeof v === 'string' ? v : fallback).split(',').map((s) => s.trim()).filter((s) => s !== '')
+  const systems = list(values.systems, systemNames.join(','))
+  for (const s of systems) if (!(systemNames as readonly string[]).includes(s)) throw new Error(`--systems: unknown system ${JSON.stringify(s)} (known: ${systemNames.join(', ')})`)
   return {
-    async claim(workerId) {
-      // A claim that finished a job instead (out of attempts) returns it too; none happens here, but skip it like the API does.
-      for (let i = 0; i < 100; i++) {
-        const c = await jobs.claimOne({ tenant: 'default', workerId, types })
-        if (!c) return undefined
-        if (c.state === 'running') return { jobId: c.job_id, fence: c.fence }
-      }
-      return undefined
-    },
-    heartbeat: async (w, id, fence) => (await jobs.heartbeat(holder(w, id, fence), types)) !== undefined,
-    complete: async (w, id, fence) => {
-      const r = await jobs.complete(holder(w, id, fence), { ok: true }, { requestId: 'bench', caller: null, path: 'bench' })
-      return r.completed
-    },
-  }
-}
-
-function httpSteps(pool: Pool): Steps {
-  const post = async (path: string, body: unknown) => {
-    const res = await pool.request({ path: `/_fencegate/jobs${path}`, method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
-    const text = await res.body.text()
-    return { status: res.statusCode, json: text ? JSON.parse(text) : undefined }
-  }
-  return {
-    async claim(worker_id) {
-      const r = await post('/claim', { worker_id, types: ['bench'] })
-      if (r.status === 204) return undefined
-      if (r.status !== 200) throw new Error(`claim answered ${r.status}`)
-      return { jobId: r.json.job_id, fence: r.json.fence }
-    },
-    heartbeat: async (worker_id, id, fence) => (await post(`/${id}/heartbeat`, { worker_id, fence })).status === 200,
-    complete: async (worker_id, id, fence) => (await post(`/${id}/complete`, { worker_id, fence, result: { ok: true } })).status === 200,
+    depths: list(values.depths, '1000,20000,100000').map((d) => integer(d, 'depths', 0, 1, 1_000_000)),
+    steadyJobs: integer(values['steady-jobs'], 'steady-jobs', 20_000, 0, 1_000_000),
+    rounds: integer(values.rounds, 'rounds', 3, 1, 10),
+    concurrency: integer(values.concurrency, 'concurrency', 20, 1, 200),
+    batch: integer(values.batch, 'batch', 10, 1, 100),
+    producers: integer(values.producers, 'producers', 20, 1, 200),
+    backlog: integer(values.backlog, 'backlog', 200, 1, 100_000),
+    systems: systemNames.filter((n) => systems.includes(n)),
+    adminUrl: typeof values['admin-url'] === 'string' ? values['admin-url'] : undefined,
   }
 }
 
 interface Phase {
-  name: string
+  regime: string
+  system: string
   jobs: number
   seconds: number
-  latencies: Record<'claim' | 'heartbeat' | 'complete', number[]>
-  refused: number
-  cpu: { gateway: number; postgres: number; bench: number }
+  /** CPU seconds over the phase. */
+  cpu: { bench: number; gateway: number; postgres: number }
 }
 
-/** Seeds `count` jobs (not measured), then lets `workers` work until the queue is empty. */
-async function phase(name: string, steps: Steps, seed: JobStore, db: Db, o: { workers: number; count: number; prefix: string; signal: AbortSignal; gateway?: Child }): Promise<Phase> {
-  let next = 0
-  await Promise.all(Array.from({ length: 20 }, async () => {
-    while (next < o.count && !o.signal.aborted) await seed.startJob({ tenant: 'default', type: 'bench', key: `${o.prefix}.${next++}`, payload: { bench: true }, restart: false })
-  }))
-  const latencies: Phase['latencies'] = { claim: [], heartbeat: [], complete: [] }
-  let refused = 0
-  const timed = async <T>(op: keyof Phase['latencies'], run: () => Promise<T>): Promise<T> => {
-    const t0 = performance.now()
-    const v = await run()
-    latencies[op].push(performance.now() - t0)
-    return v
-  }
-  const before = { at: performance.now(), gw: o.gateway ? cpuSeconds(o.gateway.pid) : 0, pg: postgresCpu(), self: process.cpuUsage() }
-  await Promise.all(Array.from({ length: o.workers }, async (_, w) => {
-    const worker = `${o.prefix}.w${w}`
-    // Bounded: each pass completes a job or ends the worker; the slack covers refusals.
-    for (let i = 0; i <= o.count && !o.signal.aborted; i++) {
-      const claimed = await timed('claim', () => steps.claim(worker))
-      if (!claimed) return
-      if (!(await timed('heartbeat', () => steps.heartbeat(worker, claimed.jobId, claimed.fence)))) refused++
-      if (!(await timed('complete', () => steps.complete(worker, claimed.jobId, claimed.fence)))) refused++
-    }
-  }))
-  if (o.signal.aborted) throw new Error('interrupted')
+async function measure(system: System, regime: string, jobs: number, cpu: BackendCpu, run: () => Promise<number>): Promise<Phase> {
+  const before = { at: performance.now(), self: process.cpuUsage(), gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
+  const refused = await run()
   const seconds = (performance.now() - before.at) / 1000
   const self = process.cpuUsage(before.self)
-  const cpu = {
-    gateway: o.gateway ? (cpuSeconds(o.gateway.pid) - before.gw) / seconds : 0,
-    postgres: cpuBetween(before.pg, postgresCpu()) / seconds,
-    bench: (self.user + self.system) / 1e6 / seconds,
-  }
-  const [done] = await db.sql<{ succeeded: number; other: number; reclaimed: number }>`
-    SELECT count(*) FILTER (WHERE state = 'succeeded')::int AS succeeded, count(*) FILTER (WHERE state <> 'succeeded')::int AS other,
-           count(*) FILTER (WHERE attempt <> 1 OR fence <> 1)::int AS reclaimed
-    FROM fg_jobs WHERE key LIKE ${`${o.prefix}.%`}`
-  if (done!.succeeded !== o.count || done!.other !== 0 || done!.reclaimed !== 0 || refused !== 0) {
-    throw new Error(`${name}: expected ${o.count} jobs succeeded once each, found ${JSON.stringify(done)} and ${refused} refused steps`)
-  }
-  return { name, jobs: o.count, seconds, latencies, refused, cpu }
+  const after = { gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
+  if (refused !== 0) throw new Error(`${system.name}, ${regime}: ${refused} completions refused`)
+  return { regime, system: system.name, jobs, seconds, cpu: { bench: (self.user + self.system) / 1e6, gateway: after.gw - before.gw, postgres: backendCpuBetween(before.pg, after.pg) } }
 }
 
-const pct = (xs: number[], p: number) => {
+async function phase(system: System, o: Options, regime: string, depth: number | undefined, prefix: string, cpu: BackendCpu, signal: AbortSignal, watch: (jobs: number) => void): Promise<Phase> {
+  await system.reset()
+  const total = depth ?? o.steadyJobs
+  watch(total)
+  if (depth) await system.seed(depth, prefix)
+  const steady = depth ? undefined : { producers: o.producers, backlog: o.backlog }
+  const p = await measure(system, regime, total, cpu, () => system.work({ total, concurrency: o.concurrency, signal, ...(steady ? { steady } : {}) }, prefix))
+  if (signal.aborted) throw new Error('interrupted')
+  await system.verify(total, prefix)
+  return p
+}
+
+const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? NaN
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
 }
 
-function line(p: Phase): string {
-  const lat = (['claim', 'heartbeat', 'complete'] as const).map((op) => `${pct(p.latencies[op], 50).toFixed(2)}/${pct(p.latencies[op], 99).toFixed(2)}`).join(' | ')
-  const cpu = `${p.cpu.gateway.toFixed(2)} | ${p.cpu.postgres.toFixed(2)} | ${p.cpu.bench.toFixed(2)}`
-  return `| ${p.name} | ${p.jobs} | ${p.seconds.toFixed(2)} | ${(p.jobs / p.seconds).toFixed(0)} | ${lat} | ${cpu} |`
+function report(phases: Phase[], rounds: number): string[] {
+  const lines = [`| regime | system | jobs | jobs/s | CPU µs per job: bench process | gateway | PostgreSQL | total |`, '|---|---|---:|---:|---:|---:|---:|---:|']
+  const groups = new Map<string, Phase[]>()
+  for (const p of phases) groups.set(`${p.regime}\u0000${p.system}`, [...(groups.get(`${p.regime}\u0000${p.system}`) ?? []), p])
+  const rate = new Map<string, number>()
+  const pgPerJob = new Map<string, number>()
+  for (const [key, ps] of groups) {
+    const [regime, system] = key.split('\u0000') as [string, string]
+    const perJob = (f: (p: Phase) => number) => median(ps.map((p) => (1e6 * f(p)) / p.jobs))
+    const jobsPerSecond = median(ps.map((p) => p.jobs / p.seconds))
+    const [bench, gateway, pgUs] = [perJob((p) => p.cpu.bench), perJob((p) => p.cpu.gateway), perJob((p) => p.cpu.postgres)]
+    rate.set(key, jobsPerSecond)
+    pgPerJob.set(key, pgUs)
+    const us = (v: number) => v.toFixed(0)
+    lines.push(`| ${regime} | ${system} | ${ps[0]!.jobs} | ${jobsPerSecond.toFixed(0)} | ${us(bench)} | ${gateway ? us(gateway) : '–'} | ${us(pgUs)} | ${us(perJob((p) => p.cpu.bench + p.cpu.gateway + p.cpu.postgres))} |`)
+  }
+  lines.push('', `medians of ${rounds} round(s); jobs/s relative to graphile-worker in the same regime:`)
+  const regimes = [...new Set(phases.map((p) => p.regime))]
+  const systems = [...new Set(phases.map((p) => p.system))]
+  const graphile = systems.find((s) => s.startsWith('graphile'))
+  for (const regime of regimes) {
+    const base = graphile ? rate.get(`${regime}\u0000${graphile}`) : undefined
+    if (base) lines.push(`  ${regime}: ${systems.filter((s) => s !== graphile).map((s) => `${s} ${((100 * (rate.get(`${regime}\u0000${s}`) ?? 0)) / base).toFixed(0)}%`).join(', ')}`)
+  }
+  const depthRegimes = regimes.filter((r) => r.startsWith('depth'))
+  if (depthRegimes.length > 1) {
+    const [first, last] = [depthRegimes[0]!, depthRegimes.at(-1)!]
+    lines.push(`PostgreSQL CPU per job at ${last} relative to ${first}: ${systems.map((s) => `${s} ${((pgPerJob.get(`${last}\u0000${s}`) ?? 0) / (pgPerJob.get(`${first}\u0000${s}`) ?? 1)).toFixed(2)}x`).join(', ')}`)
+  }
+  return lines
 }
+
+async function freshDatabase(adminUrl: string, name: string): Promise<{ url: string; drop(): Promise<void> }> {
+  const admin = postgres(adminUrl, { max: 1, connect_timeout: 5, onnotice: () => {} })
+  try {
+    await admin.unsafe(`CREATE DATABASE ${name}`)
+  } finally {
+    await admin.end({ timeout: 5 })
+  }
+  const u = new URL(adminUrl)
+  u.pathname = `/${name}`
+  return {
+    url: u.toString(),
+    async drop() {
+      const a = postgres(adminUrl, { max: 1, connect_timeout: 5, onnotice: () => {} })
+      try {
+        await a.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+      } finally {
+        await a.end({ timeout: 5 })
+      }
+    },
+  }
+}
+
+const jobType = { name: jobTypeName, lease: '60s', max_attempts: 3 }
+const unusedRoute = { name: 'unused', method: 'POST', path: '/unused', upstream: 'http://127.0.0.1:9', fence: 'off' }
 
 /** Runs the leases bench; resolves to the process exit code. */
 export async function runLeasesBench(argv: string[]): Promise<number> {
-  let values: Record<string, unknown>
-  let workers: number, count: number, rounds: number
+  let o: Options | undefined
   try {
-    values = parseArgs({ args: argv, options: Object.fromEntries(Object.entries(flags).map(([k, f]) => [k, { type: f.type }])), strict: true }).values
-    workers = integer(values.workers, 'workers', 20, 1, 500)
-    count = integer(values.jobs, 'jobs', 3000, 1, 1_000_000)
-    rounds = integer(values.rounds, 'rounds', 2, 1, 10)
+    o = parse(argv)
   } catch (err) {
     console.error(`bench leases: ${(err as Error).message}\n\n${usage()}`)
     return 2
   }
-  if (values.help) {
+  if (!o) {
     console.log(usage())
     return 0
   }
-  const passOn = (['database-url', 'admin-url'] as const).flatMap((k) => (typeof values[k] === 'string' ? [`--${k}`, values[k] as string] : []))
-  const options = parseOptions(['--store', 'postgres', ...passOn], process.env)!
   const interrupted = new AbortController()
   const interrupt = () => interrupted.abort()
   process.once('SIGINT', interrupt)
-  let gateway: Child | undefined
-  // A last resort so the bench always ends (the throwaway database is then left behind).
-  const watchdog = setTimeout(() => {
-    console.error('bench leases: still running after 15 minutes; giving up')
-    gateway?.process.kill('SIGKILL')
-    process.exit(1)
-  }, 15 * 60_000)
-  watchdog.unref()
   const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-leases-'))
-  let store: BenchStore | undefined
-  let db: Db | undefined
-  let pool: Pool | undefined
+  const cleanups: (() => Promise<unknown>)[] = []
+  let gateway: Child | undefined
+  // A phase that stops making progress (a bug, a dead server) ends the bench instead of hanging it.
+  let stalled: NodeJS.Timeout | undefined
+  const watch = (jobs: number) => {
+    clearTimeout(stalled)
+    stalled = setTimeout(() => {
+      console.error('bench leases: a phase ran far longer than its job count allows; giving up')
+      interrupted.abort()
+    }, (300 + jobs / 20) * 1000)
+  }
   try {
-    store = await prepareStore(options)
+    const adminUrl = o.adminUrl ?? parseOptions([], {})!.adminUrl
+    const store: BenchStore = await prepareStore({ ...parseOptions(['--store', 'postgres', '--admin-url', adminUrl], {})! })
+    cleanups.push(() => store.cleanup())
     const url = store.gatewayEnv({}).DATABASE_URL!
+    const fgDatabase = new URL(url).pathname.slice(1)
+    const types = parseConfig({ routes: [unusedRoute], job_types: [jobType] }).job_types
     console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
-    console.log(`store: ${store.description} at ${store.location}`)
-    console.log(`workload: ${workers} workers, ${count} jobs per phase, ${rounds} round(s) of store then HTTP, after one discarded warm-up round`)
+    console.log(`store: ${store.description}; fencegate on ${store.location}`)
+    console.log(`workload: no-op jobs, ${o.concurrency} in flight, depths ${o.depths.join(', ')}${o.steadyJobs ? `, steady ${o.steadyJobs} jobs (${o.producers} producers, backlog ${o.backlog})` : ''}, batch ${o.batch}, ${o.rounds} round(s) after a discarded warm-up`)
     const [port, adminPort] = [await freePort(), await freePort()]
     const configFile = join(tmp, 'fencegate.leases.yaml')
-    writeFileSync(configFile, JSON.stringify({
-      server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort },
-      log: { level: 'warn' },
-      routes: [{ name: 'unused', method: 'POST', path: '/unused', upstream: 'http://127.0.0.1:9', fence: 'off' }],
-      job_types: [jobType],
-    }))
+    writeFileSync(configFile, JSON.stringify({ server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' }, routes: [unusedRoute], job_types: [jobType] }))
     gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], store.gatewayEnv(process.env), recommendedGatewayNodeOptions)
+    const child = gateway
+    cleanups.unshift(() => stopChild(child))
     await waitUntil(gateway, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
-    // The same pool size as the gateway's own (connectPostgres' default), so both sides get equal connections.
-    db = connectPostgres(url)
+    // The same pool size as the gateway's own and graphile-worker's here, so every system gets equal connections.
+    const db: Db = connectPostgres(url, { max: o.concurrency })
+    cleanups.unshift(() => db.close())
     const jobs = createJobStore(db)
-    pool = new Pool(`http://127.0.0.1:${port}`, { connections: workers, headersTimeout: 30_000, bodyTimeout: 30_000 })
-    const direct = storeSteps(jobs)
-    const http = httpSteps(pool)
-    const tag = Date.now().toString(36)
-    const warm = Math.min(count, 300)
+    const pool = new Pool(`http://127.0.0.1:${port}`, { connections: o.concurrency, headersTimeout: 30_000, bodyTimeout: 30_000 })
+    cleanups.unshift(() => pool.close())
+    const cpu = backendCpu(adminUrl)
+    cleanups.unshift(() => cpu.close())
+    const systems: System[] = []
+    const fg = (name: string, steps: ReturnType<typeof storeSteps>, batch: number, http: boolean) =>
+      fencegateSystem({ name, database: fgDatabase, db, steps, batch, longPoll: http, ...(http ? { gatewayPid: gateway!.pid } : {}) })
+    for (const name of o.systems) {
+      if (name === 'store') systems.push(fg('fencegate store, 1 per claim', storeSteps(jobs, types), 1, false))
+      if (name === 'store-batch') systems.push(fg(`fencegate store, ${o.batch} per claim`, storeSteps(jobs, types), o.batch, false))
+      if (name === 'http') systems.push(fg('fencegate HTTP, 1 per claim', httpSteps(pool), 1, true))
+      if (name === 'http-batch') systems.push(fg(`fencegate HTTP, ${o.batch} per claim`, httpSteps(pool), o.batch, true))
+      if (name === 'graphile') {
+        const graphileDb = await freshDatabase(adminUrl, `graphile_bench_${Date.now()}`)
+        cleanups.push(() => graphileDb.drop())
+        const g = await graphileSystem({ url: graphileDb.url, database: new URL(graphileDb.url).pathname.slice(1), connections: o.concurrency })
+        cleanups.unshift(() => g.close())
+        systems.push(g)
+      }
+    }
     const signal = interrupted.signal
-    await phase('warm-up store', direct, jobs, db, { workers, count: warm, prefix: `${tag}.ws`, signal })
-    await phase('warm-up http', http, jobs, db, { workers, count: warm, prefix: `${tag}.wh`, signal, gateway })
-    const results: Phase[] = []
-    for (let r = 1; r <= rounds; r++) {
-      results.push(await phase(`store ${r}`, direct, jobs, db, { workers, count, prefix: `${tag}.s${r}`, signal }))
-      results.push(await phase(`http ${r}`, http, jobs, db, { workers, count, prefix: `${tag}.h${r}`, signal, gateway }))
+    const tag = Date.now().toString(36)
+    for (const s of systems) await phase(s, o, 'warm-up', Math.min(300, o.depths[0] ?? 300), `${tag}.warm`, cpu, signal, watch)
+    const phases: Phase[] = []
+    for (let r = 1; r <= o.rounds; r++) {
+      for (const depth of o.depths) {
+        for (const s of systems) phases.push(await phase(s, o, `depth ${depth}`, depth, `${tag}.r${r}.d${depth}`, cpu, signal, watch))
+      }
+      if (o.steadyJobs) for (const s of systems) phases.push(await phase(s, o, 'steady', undefined, `${tag}.r${r}.s`, cpu, signal, watch))
+      console.log(`round ${r} done; load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     }
-    console.log('\n| phase | jobs | s | jobs/s | claim p50/p99 ms | heartbeat p50/p99 ms | complete p50/p99 ms | CPU gateway \\| postgres \\| bench (cores) |')
-    console.log('|---|---:|---:|---:|---|---|---|---|')
-    for (const p of results) console.log(line(p))
-    const rate = (p: Phase) => p.jobs / p.seconds
-    for (let r = 0; r < rounds; r++) {
-      console.log(`round ${r + 1}: HTTP reaches ${((100 * rate(results[2 * r + 1]!)) / rate(results[2 * r]!)).toFixed(0)}% of the store's jobs/s`)
-    }
-    console.log(`every phase: all ${count} jobs succeeded, each claimed once (attempt 1, fence 1), no step refused; load average at the end ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
+    console.log(['', ...report(phases, o.rounds)].join('\n'))
+    console.log(`every phase: each job ran and completed exactly once; load average at the end ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     return 0
   } catch (err) {
     if (!interrupted.signal.aborted) throw err
@@ -229,11 +263,9 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     return 130
   } finally {
     process.off('SIGINT', interrupt)
-    await pool?.close()
-    await db?.close()
-    if (gateway) await stopChild(gateway)
-    await store?.cleanup().catch((err: unknown) => console.error(`bench leases: cleanup failed: ${(err as Error).message}`))
+    clearTimeout(stalled)
+    // Pools first, then the gateway, then the databases it used.
+    for (const c of cleanups.splice(0)) await c().catch((err: unknown) => console.error(`bench leases: cleanup failed: ${(err as Error).message}`))
     rmSync(tmp, { recursive: true, force: true })
-    clearTimeout(watchdog)
   }
 }

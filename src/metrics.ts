@@ -24,6 +24,8 @@ export interface Metrics {
   jobClaimed(e: { type: string; reclaimed: boolean }): void
   /** A live owner gave a job back (release): queued again without using up an attempt. */
   jobReleased(e: { type: string }): void
+  /** Finished jobs deleted by retention (job_retention). */
+  jobsPurged(count: number): void
   /** A heartbeat renewed a lease: how old the lease was and how much of it was left. */
   heartbeat(e: { type: string; ageMs: number; remainingMs: number }): void
   /** A heartbeat was refused. */
@@ -53,6 +55,7 @@ export const noMetrics: Metrics = {
   highestFenceUpdated() {},
   jobClaimed() {},
   jobReleased() {},
+  jobsPurged() {},
   heartbeat() {},
   renewalFailed() {},
   resultRejected() {},

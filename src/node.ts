@@ -84,7 +84,8 @@ export async function startGateway(options: {
     throw err
   }
   const upstream = createUndiciForward()
-  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: instrument(createJobStore(db), metrics), log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
+  const jobs = instrument(createJobStore(db), metrics)
+  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
   const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, metrics, exposition: metrics })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined
@@ -101,6 +102,8 @@ export async function startGateway(options: {
   // Expired idempotency records are already ignored; this only reclaims their space.
   const purge = setInterval(() => {
     store.purgeExpired(1000).catch(() => log.warn('purge_failed'))
+    // Finished jobs past job_retention, 1000 at a time (src/leases/retention.ts).
+    jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
   }, 60_000)
   purge.unref()
   const dataUrl = urlOf(data, config.server.host)

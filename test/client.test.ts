@@ -215,6 +215,35 @@ describe.each(backends())('worker SDK on $name', (backend) => {
     expect((await client.claim({ types: ['quick'], workerId: 'w2' }))?.job.fence).toBe('2')
   })
 
+  it('above one job at a time, claims in batches for the free slots, each job run and completed once under its own fence', async () => {
+    const claims: { max: unknown; got: number }[] = []
+    const batching = new FencegateClient({
+      baseUrl: gw.url,
+      fetch: async (input, init) => {
+        const res = await fetch(input, init)
+        if (!String(input).endsWith('/claim')) return res
+        const text = await res.text()
+        claims.push({ max: JSON.parse(String(init!.body)).max, got: text ? (JSON.parse(text).jobs?.length ?? 0) : 0 })
+        return new Response(text || null, { status: res.status, headers: res.headers })
+      },
+    })
+    const started = await Promise.all(Array.from({ length: 40 }, (_, i) => batching.start({ type: 'quick', key: `b${i}` })))
+    const ran = new Map<string, number>()
+    const stop = new AbortController()
+    const working = batching.work({ types: ['quick'], concurrency: 4, signal: stop.signal, claimWait: 1 }, async (job) => {
+      ran.set(job.id, (ran.get(job.id) ?? 0) + 1)
+      return { fence: job.fence }
+    })
+    await until(async () => (await t.db.sql<{ n: number }>`SELECT count(*)::int AS n FROM fg_jobs WHERE state = 'succeeded'`)[0]!.n === 40)
+    stop.abort()
+    await working
+    // The first claim asks for every slot and gets four jobs in one request.
+    expect(claims[0]).toEqual({ max: 4, got: 4 })
+    expect(claims.every((c) => typeof c.max === 'number' && c.max >= 1 && c.max <= 4)).toBe(true)
+    expect([...ran.values()].every((n) => n === 1) && ran.size === 40).toBe(true)
+    for (const s of started) expect(await batching.getJob(s.job_id)).toMatchObject({ state: 'succeeded', attempt: 1, fence: '1', result: { fence: '1' } })
+  })
+
   it('graceful shutdown: stops claiming, lets in-flight jobs finish and releases the ones that do not', async () => {
     const polite = await client.start({ type: 'report', key: 'polite', payload: { polite: true } })
     const stubborn = await client.start({ type: 'report', key: 'stubborn', payload: { polite: false } })

@@ -82,6 +82,18 @@ export type WorkEvent =
  */
 export type Handler<P = unknown> = (job: Job<P>, lease: Lease) => unknown
 
+/** One job of a claim's answer. */
+interface ClaimAnswer {
+  job_id: string
+  type: string
+  payload: unknown
+  fence: string
+  attempt: number
+  lease_ms?: unknown
+  lease_remaining_ms?: unknown
+  cursor_length?: unknown
+}
+
 const randomWorkerId = () => `worker-${crypto.randomUUID()}`
 
 /**
@@ -129,7 +141,29 @@ export class FencegateClient {
     const sentAt = monotonic()
     const answer = await this.api.ok('POST', '/claim', { worker_id: workerId, wait, ...(options.types ? { types: options.types } : {}) }, wait * 1000 + this.requestTimeoutMs)
     if (answer.status === 204 || !answer.body) return undefined
-    const c = answer.body as { job_id: string; type: string; payload: unknown; fence: string; attempt: number; lease_ms?: unknown; lease_remaining_ms?: unknown; cursor_length?: unknown }
+    return this.leased(answer.body as unknown as ClaimAnswer, workerId, sentAt)
+  }
+
+  /**
+   * Claims up to `max` jobs (1–100) in one request, each with its own fence and lease;
+   * an empty list when none is claimable. The caller must end every lease.
+   *
+   * @example
+   * const claimed = await client.claimBatch({ types: ['report'], max: 10, wait: 5, workerId: 'w1' })
+   */
+  async claimBatch(options: ClaimOptions & { max: number }): Promise<{ job: Job; lease: Lease }[]> {
+    if (!Number.isInteger(options.max) || options.max < 1 || options.max > 100) throw new FencegateClientError('invalid_option', 'max must be an integer from 1 to 100')
+    const workerId = options.workerId ?? randomWorkerId()
+    const wait = options.wait ?? 0
+    const sentAt = monotonic()
+    const body = { worker_id: workerId, wait, max: options.max, ...(options.types ? { types: options.types } : {}) }
+    const answer = await this.api.ok('POST', '/claim', body, wait * 1000 + this.requestTimeoutMs)
+    if (answer.status === 204 || !answer.body) return []
+    const jobs = Array.isArray(answer.body.jobs) ? (answer.body.jobs as ClaimAnswer[]) : []
+    return jobs.map((c) => this.leased(c, workerId, sentAt))
+  }
+
+  private leased(c: ClaimAnswer, workerId: string, sentAt: number): { job: Job; lease: Lease } {
     const job: Job = { id: c.job_id, type: c.type, payload: c.payload, fence: c.fence, attempt: c.attempt }
     // lease_until is on the database clock, which this process cannot compare with its own; the durations
     // the claim statement computed can be, counted from when the claim was sent (see docs/workers.md).
@@ -151,7 +185,49 @@ export class FencegateClient {
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new FencegateClientError('invalid_option', 'concurrency must be a positive integer')
     const workerId = options.workerId ?? randomWorkerId()
     const emit = options.onEvent ?? (() => undefined)
-    await Promise.all(Array.from({ length: concurrency }, () => this.slot(options, workerId, handler, emit)))
+    if (concurrency === 1) return this.slot(options, workerId, handler, emit)
+    return this.batches(concurrency, options, workerId, handler, emit)
+  }
+
+  /**
+   * Above one job at a time: one claim in flight, for as many jobs as there are free
+   * slots (never more, so no claimed job waits with its lease running). Jobs that finish
+   * while a claim is under way are refilled together by the next one, so a busy worker
+   * claims in batches and an idle one long-polls once, not once per slot.
+   */
+  private async batches(concurrency: number, options: WorkOptions, workerId: string, handler: Handler, emit: (e: WorkEvent) => void): Promise<void> {
+    const running = new Set<Promise<void>>()
+    for (let failures = 0; !options.signal.aborted;) {
+      const free = concurrency - running.size
+      if (free === 0) {
+        await Promise.race(running)
+        continue
+      }
+      let claimed: Awaited<ReturnType<FencegateClient['claimBatch']>>
+      try {
+        claimed = await this.claimBatch({ workerId, wait: options.claimWait ?? 5, max: Math.min(free, 100), ...(options.types ? { types: options.types } : {}) })
+        failures = 0
+      } catch (err) {
+        emit({ type: 'error', code: err instanceof FencegateClientError ? err.code : 'error' })
+        await pause(Math.min(100 * 2 ** failures++, 5000), options.signal)
+        continue
+      }
+      for (const { job, lease } of claimed) {
+        if (options.signal.aborted) {
+          await lease.release()
+          emit({ type: 'released', jobId: job.id, fence: job.fence, reason: 'shutdown' })
+          continue
+        }
+        emit({ type: 'claimed', jobId: job.id, fence: job.fence })
+        if (lease.ownership === 'lost') {
+          emit({ type: 'lost', jobId: job.id, fence: job.fence, reason: (lease.signal.reason as LeaseLost).reason })
+          continue
+        }
+        const done: Promise<void> = this.run(job, lease, handler, options, emit).finally(() => running.delete(done))
+        running.add(done)
+      }
+    }
+    await Promise.all(running)
   }
 
   private async slot(options: WorkOptions, workerId: string, handler: Handler, emit: (e: WorkEvent) => void): Promise<void> {

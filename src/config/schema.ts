@@ -219,6 +219,8 @@ export const configSchema = z.object({
   routes: z.array(routeSchema).min(1, 'at least one route is required'),
   entity_rules: z.array(entityRuleSchema).default([]),
   job_types: z.array(jobTypeSchema).default([]),
+  // How long finished jobs (and their output) are kept before the gateway deletes them.
+  job_retention: duration.pipe(z.number().min(3_600_000, 'must be at least 1h').max(3650 * 86_400_000, 'must be at most 3650d')).default(7 * 86_400_000),
   attestation: attestationSchema.optional(),
 }).strict().superRefine((c, ctx) => {
   const jobTypes = new Set<string>()

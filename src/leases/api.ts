@@ -6,7 +6,7 @@ import type { Authenticate, Identity } from '../identity.js'
 import type { Logger } from '../log.js'
 import { noMetrics, type Metrics } from '../metrics.js'
 import { FencegateError } from '../problems.js'
-import type { Claimed, Holder, JobStore } from './store.js'
+import { maxBulkStart, maxClaimBatch, type Claimed, type Holder, type JobStore, type Started } from './store.js'
 import { createClaimWake, type ClaimWake } from './wake.js'
 
 /** The reserved prefix the job API lives under; no route may claim it. */
@@ -14,7 +14,11 @@ export const jobsPath = '/_fencegate/jobs'
 
 const id = z.string().min(1).max(255)
 const startBody = z.object({ type: z.string(), key: id, payload: z.unknown().optional(), restart: z.boolean().optional() }).strict()
-const claimBody = z.object({ worker_id: id, types: z.array(z.string()).min(1).optional(), wait: z.number().min(0).max(30).optional() }).strict()
+const bulkStartBody = z.object({ jobs: z.array(startBody).min(1).max(maxBulkStart) }).strict()
+const claimBody = z.object({
+  worker_id: id, types: z.array(z.string()).min(1).optional(), wait: z.number().min(0).max(30).optional(),
+  max: z.number().int().min(1).max(maxClaimBatch).optional(),
+}).strict()
 const holderBody = z.object({ worker_id: id, fence: z.string().regex(/^(0|[1-9][0-9]{0,18})$/) })
 const appendBody = holderBody.extend({ seq: z.number().int().min(0).max(1_000_000), chunk: z.unknown() }).strict()
 const completeBody = holderBody.extend({ result: z.unknown().optional() }).strict()
@@ -96,27 +100,55 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     return c.json({ job_id: job.job_id, state: job.state, joined: true })
   })
 
+  // Starts up to maxBulkStart jobs in one statement; each answer says what a single start would have.
+  app.post('/bulk', async (c) => {
+    const identity = await authenticate(c.req.raw)
+    const body = await json(c.req.raw, bulkStartBody)
+    const seen = new Map<string, number>()
+    body.jobs.forEach((j, i) => {
+      typesFor([j.type])
+      const k = JSON.stringify([j.type, j.key])
+      if (seen.has(k)) throw new FencegateError('invalid_request', `jobs.${i}: repeats the type and key of jobs.${seen.get(k)}`)
+      seen.set(k, i)
+    })
+    const started = await jobs.startJobs(identity.tenant, body.jobs.map((j) => ({ type: j.type, key: j.key, payload: j.payload, restart: j.restart ?? false })))
+    const answer = (s: Started) => {
+      if (s.created) return { job_id: s.job_id, state: s.state, created: true }
+      if (s.state === 'succeeded') return { job_id: s.job_id, state: s.state, result: s.result }
+      if (s.state === 'failed' || s.state === 'cancelled') return { job_id: s.job_id, state: s.state, code: 'job_finished' }
+      return { job_id: s.job_id, state: s.state, joined: true }
+    }
+    return c.json({ jobs: started.map(answer) })
+  })
+
   app.post('/claim', async (c) => {
     const identity = await authenticate(c.req.raw)
     const body = await json(c.req.raw, claimBody)
     const wanted = typesFor(body.types)
-    const claimRound = async (): Promise<Claimed | undefined> => {
+    const claimRound = async (): Promise<Claimed[]> => {
       // Jobs out of attempts are finished by the claim itself; keep going so they never block the queue.
       for (let i = 0; i < 100; i++) {
-        const claimed = await jobs.claimOne({ tenant: identity.tenant, workerId: body.worker_id, types: wanted })
-        if (!claimed) return undefined
-        if (claimed.state !== 'running') continue
-        log.info('job_claimed', { job_id: claimed.job_id, fence: claimed.fence, attempt: claimed.attempt })
-        metrics.jobClaimed({ type: claimed.type, reclaimed: claimed.reclaimed })
+        const request = { tenant: identity.tenant, workerId: body.worker_id, types: wanted }
+        // claimOne keeps its own store-call metric (call="claimOne") for one-job claims.
+        const all = body.max === undefined ? [await jobs.claimOne(request)].filter((one) => one !== undefined) : await jobs.claimJobs({ ...request, max: body.max })
+        if (all.length === 0) return []
+        const claimed = all.filter((one) => one.state === 'running')
+        if (claimed.length === 0) continue
+        for (const one of claimed) {
+          log.info('job_claimed', { job_id: one.job_id, fence: one.fence, attempt: one.attempt })
+          metrics.jobClaimed({ type: one.type, reclaimed: one.reclaimed })
+        }
         return claimed
       }
-      return undefined
+      return []
     }
-    const answer = ({ state: _state, reclaimed: _reclaimed, ...claimed }: Claimed) => c.json(claimed)
-    if (!body.wait) {
-      const claimed = await claimRound()
-      return claimed ? answer(claimed) : c.body(null, 204)
+    // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
+    const answer = (claimed: Claimed[]) => {
+      if (claimed.length === 0) return undefined
+      const shown = claimed.map(({ state: _state, reclaimed: _reclaimed, ...one }) => one)
+      return c.json(body.max === undefined ? shown[0]! : { jobs: shown })
     }
+    if (!body.wait) return answer(await claimRound()) ?? c.body(null, 204)
     // The deadline is a request timeout, so the process's monotonic clock is right for it;
     // whether a job is due or a lease expired is decided by the claim statement on the database clock.
     const deadline = performance.now() + body.wait * 1000
@@ -124,13 +156,13 @@ export function createJobsApp(deps: { config: Config; jobs: JobStore; authentica
     const waiter = await wake.register(wanted.map((t) => t.name), deadline)
     try {
       for (;;) {
-        const claimed = await claimRound()
-        if (claimed) return answer(claimed)
+        const claimed = answer(await claimRound())
+        if (claimed) return claimed
         const why = await waiter.next(deadline, signal)
         // A client that left gets no job: a claim nobody reads would only burn an attempt.
         if (why === 'aborted') return c.body(null, 204)
         // One last look at the deadline, then nothing.
-        if (why === 'deadline') return (await claimRound().then((last) => last && answer(last))) ?? c.body(null, 204)
+        if (why === 'deadline') return answer(await claimRound()) ?? c.body(null, 204)
       }
     } finally {
       waiter.release()

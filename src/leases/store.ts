@@ -1,30 +1,19 @@
 import type { JobType } from '../config/schema.js'
 import type { Db } from '../store/db.js'
+import { claimJobs, type Claimed, type ClaimRequest } from './claim.js'
+import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
+import { purgeFinishedJobs } from './retention.js'
+import { startJobs, type StartItem } from './start-many.js'
 import { jobsChannel } from './wake.js'
 
 export type { JobView } from './read.js'
+export type { Claimed, ClaimRequest } from './claim.js'
+export { maxClaimBatch } from './claim.js'
+export { maxBulkStart, type StartItem, type Started } from './start-many.js'
 
 /** The states a job moves through (docs/leases.md#states). */
 export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
-
-export interface Claimed {
-  job_id: string
-  type: string
-  payload: unknown
-  fence: string
-  lease_until: string
-  /** The job type's lease length. */
-  lease_ms: number
-  /** `lease_until - now()` by the database, in the claim statement itself: a duration a worker can hold against its own clock. */
-  lease_remaining_ms: number
-  attempt: number
-  /** Output chunks the job already has: where this attempt's appends continue. */
-  cursor_length: number
-  state: string
-  /** The job was running on a lease that had expired (a reclaim), as the claim's locked row showed. */
-  reclaimed: boolean
-}
 
 /** Who is acting on a job: the owner's worker id and the fence it was given at claim. */
 export interface Holder {
@@ -40,11 +29,6 @@ export interface Holder {
  * not claimed since).
  */
 export type LostReason = 'expired' | 'superseded' | 'released' | 'cancelled' | 'finished' | 'max_runtime' | 'not_found'
-
-// Job-type settings travel as one JSON parameter, so statements join them without per-type SQL.
-const typesJson = (types: JobType[]) => JSON.stringify(types.map((t) => ({
-  name: t.name, lease_ms: t.lease, max_attempts: t.max_attempts, backoff_ms: t.backoff, max_runtime_ms: t.max_runtime,
-})))
 
 /**
  * Starts a job by its natural key, or joins the one that exists. With
@@ -81,40 +65,11 @@ export async function startJob(db: Db, s: { tenant: string; type: string; key: s
 }
 
 /**
- * Claims the oldest claimable job of the given types: queued and due, or
- * running on an expired lease. One statement with FOR UPDATE SKIP LOCKED; the
- * UPDATE re-checks claimability, so a renewal that lands between the scan and
- * the claim keeps the job. A job out of attempts (or cancelled) is finished
- * instead of claimed, and the caller claims again.
+ * Claims the earliest claimable job of the given types (see {@link claimJobs}); a job
+ * out of attempts (or cancelled) comes back finished instead, and the caller claims again.
  */
 export async function claimOne(db: Db, c: { tenant: string; workerId: string; types: JobType[] }): Promise<Claimed | undefined> {
-  const [row] = await db.sql<Claimed>`
-    WITH types AS (
-      SELECT * FROM jsonb_to_recordset(${typesJson(c.types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
-    ), candidate AS (
-      SELECT j.id, t.lease_ms, t.max_attempts, j.state = 'running' AS reclaimed FROM fg_jobs AS j JOIN types AS t ON t.name = j.type
-      WHERE j.tenant = ${c.tenant}
-        AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
-      ORDER BY CASE WHEN j.state = 'running' THEN j.lease_until ELSE j.run_after END, j.id
-      LIMIT 1
-      FOR UPDATE OF j SKIP LOCKED
-    )
-    UPDATE fg_jobs AS j SET
-      state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= c.max_attempts THEN 'failed' ELSE 'running' END,
-      error_code = CASE WHEN j.cancel_requested THEN j.error_code WHEN j.attempt >= c.max_attempts THEN 'max_attempts' ELSE j.error_code END,
-      finished_at = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN now() END,
-      owner = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE ${c.workerId} END,
-      fence = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.fence ELSE j.fence + 1 END,
-      attempt = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.attempt ELSE j.attempt + 1 END,
-      lease_until = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE now() + c.lease_ms * interval '1 millisecond' END,
-      started_at = now()
-    FROM candidate AS c
-    WHERE j.id = c.id AND ((j.state = 'queued' AND j.run_after <= now()) OR (j.state = 'running' AND j.lease_until <= now()))
-    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state, c.reclaimed, j.cursor_length,
-              to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
-              c.lease_ms::integer AS lease_ms,
-              floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms`
-  return row
+  return (await claimJobs(db, { ...c, max: 1 }))[0]
 }
 
 /**
@@ -281,7 +236,9 @@ export type JobStore = ReturnType<typeof createJobStore>
 export function createJobStore(db: Db) {
   return {
     startJob: (s: Parameters<typeof startJob>[1]) => startJob(db, s),
+    startJobs: (tenant: string, items: StartItem[]) => startJobs(db, tenant, items),
     claimOne: (c: Parameters<typeof claimOne>[1]) => claimOne(db, c),
+    claimJobs: (c: ClaimRequest) => claimJobs(db, c),
     heartbeat: (h: Holder, types: JobType[]) => heartbeat(db, h, types),
     failOverRuntime: (h: Holder, types: JobType[]) => failOverRuntime(db, h, types),
     lostReason: (h: Holder) => lostReason(db, h),
@@ -290,6 +247,8 @@ export function createJobStore(db: Db) {
     fail: (h: Holder, types: JobType[], error: unknown, retryable: boolean) => fail(db, h, types, error, retryable),
     release: (h: Holder) => release(db, h),
     cancel: (tenant: string, jobId: string) => cancel(db, tenant, jobId),
+    /** Deletes up to `limit` jobs finished more than `retentionMs` ago, with their chunks (job_retention). */
+    purgeFinished: (retentionMs: number, limit?: number) => purgeFinishedJobs(db, retentionMs, limit),
     getJob: (tenant: string, jobId: string) => getJob(db, tenant, jobId),
     chunksFrom: (jobId: string, from: number) => chunksFrom(db, jobId, from),
     /** LISTENs for jobs becoming claimable; undefined where the Db cannot listen (claims then poll). */

@@ -47,6 +47,7 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const gaugeFailures = new Counter({ name: 'fencegate_gauge_read_failures_total', help: 'Scrapes whose database gauges could not be read (they are then left out)', registers })
   const claims = new Counter({ name: 'fencegate_job_claims_total', help: 'Jobs claimed, by type (reclaims included)', labelNames: ['type'], registers })
   const releases = new Counter({ name: 'fencegate_job_releases_total', help: 'Jobs given back by their live owner (release), by type', labelNames: ['type'], registers })
+  const purged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
   const reclaims = new Counter({ name: 'fencegate_job_reclaims_total', help: 'Claims of a running job whose lease had expired, by type', labelNames: ['type'], registers })
   const renewalFailures = new Counter({ name: 'fencegate_lease_renewal_failures_total', help: 'Refused heartbeats by reason', labelNames: ['reason'], registers })
   const heartbeatAge = new Histogram({ name: 'fencegate_heartbeat_age_seconds', help: 'Time since the lease was last set (claim or heartbeat) when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
@@ -95,6 +96,7 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
       if (e.reclaimed) reclaims.inc({ type: e.type })
     },
     jobReleased: (e) => releases.inc({ type: e.type }),
+    jobsPurged: (count) => purged.inc(count),
     heartbeat(e) {
       heartbeatAge.observe({ type: e.type }, e.ageMs / 1000)
       remainingLease.observe({ type: e.type }, e.remainingMs / 1000)
