@@ -22,6 +22,7 @@ import { openPglite } from './store/pglite.js'
 import { connectPostgres, type PostgresOptions } from './store/postgres.js'
 import { createStore, type Store } from './store/store.js'
 import { startRuleRegistry, type RuleRegistry } from './rules/registry.js'
+import { purgeOnce } from './retention.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -86,7 +87,7 @@ export async function startGateway(options: {
   const upstream = createUndiciForward()
   const jobs = instrument(createJobStore(db), metrics)
   const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
-  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined
   try {
@@ -99,9 +100,9 @@ export async function startGateway(options: {
     await store.close()
     throw err
   }
-  // Expired idempotency records are already ignored; this only reclaims their space.
+  // Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
   const purge = setInterval(() => {
-    store.purgeExpired(1000).catch(() => log.warn('purge_failed'))
+    purgeOnce(store, config, metrics).catch(() => log.warn('purge_failed'))
     // Finished jobs past job_retention, 1000 at a time (src/leases/retention.ts).
     jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
   }, 60_000)

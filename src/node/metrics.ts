@@ -47,13 +47,14 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const gaugeFailures = new Counter({ name: 'fencegate_gauge_read_failures_total', help: 'Scrapes whose database gauges could not be read (they are then left out)', registers })
   const claims = new Counter({ name: 'fencegate_job_claims_total', help: 'Jobs claimed, by type (reclaims included)', labelNames: ['type'], registers })
   const releases = new Counter({ name: 'fencegate_job_releases_total', help: 'Jobs given back by their live owner (release), by type', labelNames: ['type'], registers })
-  const purged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
+  const jobsPurged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
   const reclaims = new Counter({ name: 'fencegate_job_reclaims_total', help: 'Claims of a running job whose lease had expired, by type', labelNames: ['type'], registers })
   const renewalFailures = new Counter({ name: 'fencegate_lease_renewal_failures_total', help: 'Refused heartbeats by reason', labelNames: ['reason'], registers })
   const heartbeatAge = new Histogram({ name: 'fencegate_heartbeat_age_seconds', help: 'Time since the lease was last set (claim or heartbeat) when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
   const remainingLease = new Histogram({ name: 'fencegate_lease_remaining_seconds', help: 'Lease left when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
   const resultRejections = new Counter({ name: 'fencegate_job_result_rejections_total', help: 'Refused completions by reason', labelNames: ['reason'], registers })
   const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
+  const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
 
   // A label left out is absent from the series, which reads better than an empty value.
   const routeLabel = (route: string | undefined) => (route === undefined ? {} : { route })
@@ -96,7 +97,7 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
       if (e.reclaimed) reclaims.inc({ type: e.type })
     },
     jobReleased: (e) => releases.inc({ type: e.type }),
-    jobsPurged: (count) => purged.inc(count),
+    jobsPurged: (count) => jobsPurged.inc(count),
     heartbeat(e) {
       heartbeatAge.observe({ type: e.type }, e.ageMs / 1000)
       remainingLease.observe({ type: e.type }, e.remainingMs / 1000)
@@ -104,5 +105,6 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
     renewalFailed: (e) => renewalFailures.inc({ reason: e.reason }),
     resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
     adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
+    rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
   }
 }

@@ -7,6 +7,7 @@
 import { ConfigError } from '../../config/schema.js'
 import { FencegateError, problemResponse } from '../../problems.js'
 import { createWorker, type FencegateWorker } from './app.js'
+import { purgeRetainedOnWorkers } from './retention.js'
 import type { WorkerContext, WorkerEnv } from './bindings.js'
 
 // One build per isolate; a failed build is retried by the next request rather than cached.
@@ -40,6 +41,7 @@ export default {
     ctx.waitUntil((async () => {
       const worker = await workerFor(env)
       await worker?.purgeExpired().catch((err: unknown) => logLine('purge_failed', { error: (err as Error)?.name ?? typeof err }))
+      await purgeRetainedOnWorkers(env)
     })())
   },
 }
