@@ -42,13 +42,14 @@ const types: Record<string, string> = {
 async function loadAssets(dir?: string): Promise<Map<string, Asset>> {
   const { readdir, readFile } = await import('node:fs/promises')
   const { fileURLToPath } = await import('node:url')
+  const { join, relative, sep } = await import('node:path')
   const root = dir ?? fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? '../dist/ui/' : '../ui/', import.meta.url))
   const assets = new Map<string, Asset>()
   const entries = await readdir(root, { recursive: true, withFileTypes: true })
   for (const entry of entries) {
     if (!entry.isFile()) continue
-    const full = `${entry.parentPath}/${entry.name}`
-    const rel = full.slice(root.replace(/\/?$/, '/').length).split('\\').join('/')
+    const full = join(entry.parentPath, entry.name)
+    const rel = relative(root, full).split(sep).join('/')
     const ext = rel.slice(rel.lastIndexOf('.') + 1)
     const type = types[ext]
     if (!type) continue
