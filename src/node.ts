@@ -85,7 +85,7 @@ export async function startGateway(options: {
   }
   const upstream = createUndiciForward()
   const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs: instrument(createJobStore(db), metrics), log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
-  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: ServerType | undefined
   let adminServer: ServerType | undefined
   try {

@@ -106,8 +106,15 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
       ON CONFLICT (tenant, entity) DO UPDATE
         SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
             updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
-            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END
-      RETURNING highest_fence
+            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END,
+            previous_fence = f.highest_fence
+      RETURNING highest_fence, previous_fence
+    ), moved AS (
+      -- The fence's history, by the statement that moved it (see fence-history.ts).
+      INSERT INTO fg_fence_history (tenant, entity, old_fence, new_fence, source, route, caller, request_id)
+      SELECT ${c.tenant}, ${c.entity}, previous_fence, highest_fence, 'command', ${c.route}, ${c.caller}, ${c.requestId}
+      FROM decided WHERE previous_fence IS NULL OR highest_fence > previous_fence
+      RETURNING id
     ), stale AS (
       INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
       SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'stale_fence', ${c.fence}::bigint, highest_fence,
@@ -180,8 +187,15 @@ async function presentFence(db: Db, c: Command): Promise<Reservation> {
       ON CONFLICT (tenant, entity) DO UPDATE
         SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
             updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
-            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END
-      RETURNING highest_fence
+            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END,
+            previous_fence = f.highest_fence
+      RETURNING highest_fence, previous_fence
+    ), moved AS (
+      -- The fence's history, by the statement that moved it (see fence-history.ts).
+      INSERT INTO fg_fence_history (tenant, entity, old_fence, new_fence, source, route, caller, request_id)
+      SELECT ${c.tenant}, ${c.entity}, previous_fence, highest_fence, 'command', ${c.route}, ${c.caller}, ${c.requestId}
+      FROM decided WHERE previous_fence IS NULL OR highest_fence > previous_fence
+      RETURNING id
     ), stale AS (
       INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id)
       SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'stale_fence', ${c.fence}::bigint, highest_fence,
@@ -296,4 +310,35 @@ export async function purgeExpired(db: Db, limit: number): Promise<number> {
     ))
     RETURNING 1`
   return rows.length
+}
+
+/** An entity's idempotency record in a list: what an operator needs, never a body or a fingerprint. */
+export interface EntityKey {
+  key: string
+  state: KeyState['state']
+  route: string
+  fence: string | null
+  status: number | null
+  attempt: number
+  request_id: string
+  created_at: string
+  completed_at: string | null
+  expires_at: string
+}
+
+/**
+ * An entity's live idempotency records, newest first (at most `limit`). There is
+ * no index on the entity: the table holds only live keys (purged at expiry), and
+ * an index would cost every reservation a write for the sake of a console view.
+ */
+export async function listEntityKeys(db: Db, tenant: string, entity: string, limit: number): Promise<EntityKey[]> {
+  return db.sql<EntityKey>`
+    SELECT key, state, route, fence::text AS fence, status, attempt, request_id,
+           to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS created_at,
+           to_char(completed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS completed_at,
+           to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS expires_at
+    FROM fg_idempotency
+    WHERE tenant = ${tenant} AND entity = ${entity} AND expires_at > now()
+    ORDER BY fg_idempotency.created_at DESC, fg_idempotency.key
+    LIMIT ${limit}`
 }

@@ -2,59 +2,16 @@ import type { Db } from './db.js'
 import { bumpFence, type Bump, type BumpResult } from './fences.js'
 import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from './ordering.js'
 import { createCompleter, type Completion, type Schedule } from './completions.js'
+import { listAudit, purgeAudit, recordRejection, summarizeAudit, type AuditBucket, type AuditFilter, type AuditItem, type AuditQuery, type Rejection } from './audit.js'
+import { listFenceHistory, purgeFenceHistory, type FenceChange, type FenceHistoryQuery } from './fence-history.js'
 import {
-  getKey, markUnknown, purgeExpired, release, releaseUnknown, reserve,
-  type Command, type Held, type KeyState, type Reservation,
+  getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, reserve,
+  type Command, type EntityKey, type Held, type KeyState, type Reservation,
 } from './commands.js'
 
-/** One rejected command, as written to the audit table. */
-export interface Rejection {
-  tenant: string
-  route: string | null
-  entity: string | null
-  code: string
-  presentedFence: string | null
-  highestFence: string | null
-  method: string
-  path: string
-  bodySha256: string | null
-  caller: string | null
-  requestId: string
-  idempotencyKey?: string | null
-}
-
-/** Filters for reading the audit trail, newest first. Times are on the database clock. */
-export interface AuditQuery {
-  tenant?: string
-  entity?: string
-  code?: string
-  route?: string
-  /** ISO timestamp or, with sinceMs, a window ending at the database's now(). */
-  since?: string
-  sinceMs?: number
-  until?: string
-  untilMs?: number
-  limit: number
-  /** Return rows with an id below this one (keyset pagination). */
-  before?: string
-}
-
-export interface AuditItem {
-  id: string
-  at: string
-  tenant: string
-  route: string | null
-  entity: string | null
-  code: string
-  presented_fence: string | null
-  highest_fence: string | null
-  method: string
-  path: string
-  body_sha256: string | null
-  caller: string | null
-  request_id: string
-  idempotency_key: string | null
-}
+export type { AuditBucket, AuditFilter, AuditItem, AuditQuery, Rejection } from './audit.js'
+export type { FenceChange, FenceHistoryQuery } from './fence-history.js'
+export type { EntityKey } from './commands.js'
 
 export interface EntityState {
   tenant: string
@@ -87,6 +44,15 @@ export interface Store {
   /** Writes one audit row for a command rejected before it reached the fence. */
   recordRejection(rejection: Rejection): Promise<void>
   listAudit(query: AuditQuery): Promise<AuditItem[]>
+  /** Counts rejections by code per time bucket (see audit.ts). */
+  summarizeAudit(filter: AuditFilter, bucketMs: number): Promise<AuditBucket[]>
+  /** Deletes up to `limit` audit rows older than `olderThanMs`; returns how many went. */
+  purgeAudit(olderThanMs: number, limit: number): Promise<number>
+  /** One entity's fence changes, newest first (see fence-history.ts). */
+  listFenceHistory(query: FenceHistoryQuery): Promise<FenceChange[]>
+  purgeFenceHistory(olderThanMs: number, limit: number): Promise<number>
+  /** An entity's live idempotency records, newest first, without bodies. */
+  listEntityKeys(tenant: string, entity: string, limit: number): Promise<EntityKey[]>
   getEntity(tenant: string, entity: string): Promise<EntityState | undefined>
   /** Raises an entity's fence floor, audited as `fence_bumped` (see fences.ts). */
   bumpFence(bump: Bump): Promise<BumpResult>
@@ -125,31 +91,13 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
     releaseUnknown: (request) => releaseUnknown(db, request),
     purgeExpired: (limit) => purgeExpired(db, limit),
 
-    async recordRejection(r) {
-      await db.sql`
-        INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
-                              method, path, body_sha256, caller, request_id, idempotency_key)
-        VALUES (${r.tenant}, ${r.route}, ${r.entity}, ${r.code}, ${r.presentedFence}::bigint, ${r.highestFence}::bigint,
-                ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId}, ${r.idempotencyKey})`
-    },
-
-    async listAudit(q) {
-      return db.sql<AuditItem>`
-        SELECT id::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, route, entity, code,
-               presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key
-        FROM fg_audit
-        WHERE (${q.tenant}::text IS NULL OR tenant = ${q.tenant})
-          AND (${q.entity}::text IS NULL OR entity = ${q.entity})
-          AND (${q.code}::text IS NULL OR code = ${q.code})
-          AND (${q.route}::text IS NULL OR route = ${q.route})
-          AND (${q.since}::timestamptz IS NULL OR at >= ${q.since}::timestamptz)
-          AND (${q.sinceMs}::bigint IS NULL OR at >= now() - ${q.sinceMs}::bigint * interval '1 millisecond')
-          AND (${q.until}::timestamptz IS NULL OR at < ${q.until}::timestamptz)
-          AND (${q.untilMs}::bigint IS NULL OR at < now() - ${q.untilMs}::bigint * interval '1 millisecond')
-          AND (${q.before}::bigint IS NULL OR id < ${q.before}::bigint)
-        ORDER BY id DESC
-        LIMIT ${q.limit}`
-    },
+    recordRejection: (rejection) => recordRejection(db, rejection),
+    listAudit: (query) => listAudit(db, query),
+    summarizeAudit: (filter, bucketMs) => summarizeAudit(db, filter, bucketMs),
+    purgeAudit: (olderThanMs, limit) => purgeAudit(db, olderThanMs, limit),
+    listFenceHistory: (query) => listFenceHistory(db, query),
+    purgeFenceHistory: (olderThanMs, limit) => purgeFenceHistory(db, olderThanMs, limit),
+    listEntityKeys: (tenant, entity, limit) => listEntityKeys(db, tenant, entity, limit),
 
     async getEntity(tenant, entity) {
       const rows = await db.sql<EntityState>`

@@ -37,11 +37,11 @@ export interface TestGateway {
 }
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db } }): Promise<TestGateway> {
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
   const undici = createUndiciForward()
   const authenticate = options.authenticate ?? noAuthentication
   const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}) })
-  const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}) })
+  const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
   const data = await listen(guarded(app.fetch), '127.0.0.1', 0, maxHeader)
   const adminServer = await listen(guarded(admin.fetch), '127.0.0.1', 0, maxHeader)
