@@ -160,7 +160,7 @@ function drawChart(box: HTMLElement, summaryBox: HTMLElement, s: Summary, bucket
   const series = new Map([...counts].map(([code, arr]) => [code, order.map(([, i]) => arr[i] ?? 0)]))
   box.replaceChildren()
   if (counts.size === 0) box.append(notice('info', 'No rejections in this time range.'))
-  else rejectionsChart(box, order.map(([t]) => t / 1000), series)
+  else rejectionsChart(box, order.map(([t]) => t / 1000), series, step / 1000)
   const total = [...totals.values()].reduce((a, b) => a + b, 0)
   box.dataset.total = String(total)
   const rows = [...totals].sort((a, b) => b[1] - a[1]).map(([code, n]) => h('tr', { 'data-code': code },
