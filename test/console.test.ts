@@ -35,7 +35,7 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     const res = await fetch(`${gw.adminUrl}${path}`, { ...init, headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json', ...init.headers as Record<string, string> } })
     return { status: res.status, json: await res.json() as any }
   }
-  const shot = (name: string) => page.screenshot({ path: join(screenshotDir, `${name}.png`), fullPage: true })
+  const shot = (name: string, fullPage = true) => page.screenshot({ path: join(screenshotDir, `${name}.png`), fullPage })
   const open = async (hash: string) => {
     await page.goto(`${gw.adminUrl}/ui/${hash}`)
     await page.locator('main h1').waitFor()
@@ -175,7 +175,7 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     expect(await page.inputValue('#bump-fence')).toBe('3')
     await page.locator('#bump').click()
     await page.locator('#confirm-dialog', { hasText: 'below 3' }).waitFor({ state: 'visible' })
-    await shot('bump-confirm')
+    await shot('bump-confirm', false)
     // Cancel first: nothing changes.
     await page.locator('#confirm-cancel').click()
     expect((await admin('/entities/invoice:42')).json.highest_fence).toBe('2')

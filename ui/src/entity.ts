@@ -112,7 +112,7 @@ function showActions(box: HTMLElement, entity: string, tenant: string | undefine
       const ok = await confirmAction(`Bump the fence of ${entity}?`, [
         h('p', {}, `From now on every command for ${entity} with a fence below ${min} is refused (stale_fence). `,
           'Use it when a worker that lost its lease keeps writing, or when you no longer trust any current holder.'),
-        h('p', {}, `The next worker must hold fence ${min} or higher: make sure your lease service hands out fences above it. The bump is audited with your name.`),
+        h('p', {}, `The next worker must hold fence ${min} or higher: make sure your lease service hands out fences of ${min} or more from now on. The bump is audited with your name.`),
       ], `Bump to ${min}`)
       if (!ok) return
       try {
