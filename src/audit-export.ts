@@ -68,6 +68,11 @@ export async function exportAudit(store: Store, query: AuditQuery, format: 'ndjs
 
 const csvHeader = `${columns.join(',')}\r\n`
 
+/** Rows as NDJSON or CSV text (with the CSV header line when `header`), as the export writes them. */
+export function auditLines(format: 'ndjson' | 'csv', items: AuditItem[], header = false): string {
+  return (header && format === 'csv' ? csvHeader : '') + items.map(format === 'csv' ? csvLine : (r) => `${JSON.stringify(r)}\n`).join('')
+}
+
 function csvLine(item: AuditItem): string {
   return `${columns.map((c) => csvCell(item[c])).join(',')}\r\n`
 }

@@ -93,6 +93,20 @@ export function entitySources(request: Request, url: URL, params: Record<string,
   }
 }
 
+/**
+ * The route's entity for an audit row, or undefined when the route has none or
+ * the request does not resolve it: a refusal for a bad header still names the
+ * entity the command was about, so `GET /audit?entity=` finds it.
+ */
+export function entityOf(route: Route, sources: EntitySources): string | undefined {
+  if (!route.entity) return undefined
+  try {
+    return resolveEntity(route.entity, sources)
+  } catch {
+    return undefined
+  }
+}
+
 /** The job id behind a `fence: lease` entity (`job:42`); an id that cannot exist matches no lease. */
 export function leaseJobOf(mode: string, entity: string | undefined): string | null {
   if (mode !== 'lease') return null

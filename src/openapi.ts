@@ -1,5 +1,7 @@
 import { z } from 'zod'
 import { auditQuerySchema, bumpRequestSchema, tenantQuerySchema } from './admin.js'
+import { auditSummarySchema, entityPageSchema } from './admin-query.js'
+import { jobListQuerySchema } from './admin-jobs.js'
 import { problemCatalog, type ProblemCode } from './problems.js'
 import { entityRuleSchema, routeSchema } from './config/schema.js'
 import { historyQuery } from './rules/api.js'
@@ -60,6 +62,40 @@ export const bumpResultSchema = z.object({
 
 export const keyReleasedSchema = z.object({ key: z.string(), tenant: z.string(), released: z.literal(true), previous_state: z.string() }).strict()
 
+export const fenceHistoryPageSchema = z.object({
+  items: z.array(z.object({
+    id: z.string(), at: timestamp, tenant: z.string(), entity: z.string(),
+    old_fence: fence.nullable().describe('null when this was the first fence accepted for the entity'), new_fence: fence,
+    source: z.enum(['command', 'bump']).describe('command: a request presented it; bump: an operator raised it'),
+    route: z.string().nullable(), caller: z.string().nullable(), request_id: z.string().nullable(),
+  }).strict()),
+  next_cursor: z.string().nullable().describe('Pass as ?before= for the next page; null on the last page'),
+}).strict()
+
+export const entityKeysSchema = z.object({
+  items: z.array(z.object({
+    key: z.string(), state: z.enum(['in_flight', 'completed', 'outcome_unknown', 'not_replayable']), route: z.string(), fence: fence.nullable(),
+    status: z.number().int().nullable(), attempt: z.number().int(), request_id: z.string(),
+    created_at: timestamp, completed_at: timestamp.nullable(), expires_at: timestamp,
+  }).strict()),
+}).strict()
+
+export const auditSummaryResultSchema = z.object({
+  bucket_ms: z.number().int(),
+  buckets: z.array(z.object({ at: z.string().describe('The bucket\'s start (ISO-8601, UTC), aligned to the epoch on the database clock'), code: z.string(), count: z.number().int() }).strict())
+    .describe('Oldest first; a bucket without rejections of a code is absent'),
+}).strict()
+
+const jobFields = {
+  job_id: z.string(), type: z.string(), key: z.string(), state: z.enum(['queued', 'running', 'succeeded', 'failed', 'cancelled']),
+  attempt: z.number().int(), fence: fence, owner: z.string().nullable(),
+  remaining_lease_ms: z.number().int().nullable().describe('Left on a running job\'s lease, on the database clock; null unless running'),
+  cancel_requested: z.boolean(), error_code: z.string().nullable(), cursor_length: z.number().int(),
+  created_at: timestamp, started_at: timestamp.nullable(), finished_at: timestamp.nullable(), run_after: timestamp,
+}
+export const jobListSchema = z.object({ items: z.array(z.object(jobFields).strict()), next_cursor: z.string().nullable() }).strict()
+export const jobDetailSchema = z.object({ ...jobFields, result: z.unknown(), error: z.unknown() }).strict()
+
 /** The answers of the rules API (src/rules/api.ts); a rule is an object as the config file writes it. */
 const ruleObject = z.object({ name: z.string() }).catchall(z.unknown())
 export const ruleSetSchema = z.object({ version: z.number().int(), rules: z.array(ruleObject) }).strict()
@@ -106,7 +142,18 @@ function buildDocument() {
     security: [{ bearer: [] }],
     paths: {
       '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up'), 503: json('Health', 'The store is down') } } },
-      '/audit': { get: { summary: 'The audit trail of rejected commands, newest first', parameters: queryParameters(auditQuerySchema), responses: { 200: json('AuditPage', 'One page'), ...errors(400, 401, 403, 503) } } },
+      '/audit': {
+        get: {
+          summary: 'The audit trail of rejected commands, newest first: one JSON page, or every matching row streamed as NDJSON or CSV',
+          parameters: queryParameters(auditQuerySchema),
+          responses: { 200: { ...json('AuditPage', 'One page'), content: { ...json('AuditPage', '').content, 'application/x-ndjson': { schema: { type: 'string' } }, 'text/csv': { schema: { type: 'string' } } } }, ...errors(400, 401, 403, 503) },
+        },
+      },
+      '/audit/summary': { get: { summary: 'Rejections counted by code per time bucket (default: the last hour by the minute)', parameters: queryParameters(auditSummarySchema), responses: { 200: json('AuditSummary', 'The buckets'), ...errors(400, 401, 403, 503) } } },
+      '/entities/{entity}/history': { get: { summary: "Every change of the entity's highest fence, newest first", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema)], responses: { 200: json('FenceHistoryPage', 'One page'), ...errors(400, 401, 403, 503) } } },
+      '/entities/{entity}/keys': { get: { summary: "The entity's live idempotency records, newest first (no bodies)", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema.omit({ before: true }))], responses: { 200: json('EntityKeys', 'The records'), ...errors(400, 401, 403, 503) } } },
+      '/jobs': { get: { summary: 'Jobs newest first, with each running job\'s holder, fence, attempt and remaining lease', parameters: queryParameters(jobListQuerySchema), responses: { 200: json('JobList', 'One page'), ...errors(400, 401, 403, 503) } } },
+      '/jobs/{id}': { get: { summary: 'One job, with its result and error (never its payload)', parameters: [pathParameter('id', 'The job id'), ...tenantQuery], responses: { 200: json('JobDetail', 'The job'), ...errors(400, 401, 403, 404, 503) } } },
       '/entities/{entity}': { get: { summary: "An entity's highest accepted fence", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...tenantQuery], responses: { 200: json('EntityState', 'The entity'), ...errors(400, 401, 403, 404, 503) } } },
       '/entities/{entity}/bump': {
         post: {
@@ -147,6 +194,11 @@ function buildDocument() {
         KeyReleased: jsonSchema(keyReleasedSchema),
         BumpRequest: jsonSchema(bumpRequestSchema),
         BumpResult: jsonSchema(bumpResultSchema),
+        FenceHistoryPage: jsonSchema(fenceHistoryPageSchema),
+        EntityKeys: jsonSchema(entityKeysSchema),
+        AuditSummary: jsonSchema(auditSummaryResultSchema),
+        JobList: jsonSchema(jobListSchema),
+        JobDetail: jsonSchema(jobDetailSchema),
         RouteRule: jsonSchema(routeSchema, 'input'),
         EntityRule: jsonSchema(entityRuleSchema, 'input'),
         RuleSet: jsonSchema(ruleSetSchema),

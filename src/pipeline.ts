@@ -9,7 +9,7 @@ import type { Logger } from './log.js'
 import type { Metrics, RequestOutcome } from './metrics.js'
 import { logged, settleResponse, waitForOutcome } from './outcome.js'
 import { FencegateError, type ProblemCode } from './problems.js'
-import { checkClaimedTenant, commandPolicy, entitySources, leaseJobOf, type CommandPolicy } from './command.js'
+import { checkClaimedTenant, commandPolicy, entityOf, entitySources, leaseJobOf, type CommandPolicy } from './command.js'
 import { resolveEntity, type Route } from './route.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
 import type { RuleSet, RuleSource } from './rules/registry.js'
@@ -39,6 +39,8 @@ export interface Trace {
   route?: Route
   identity?: Identity
   entity?: string
+  /** The route's entity as far as the request resolves it, for audit rows of refusals decided before the fence. */
+  auditEntity?: () => string | undefined
   fence?: string
   key?: string
   keySha256?: string
@@ -80,6 +82,7 @@ export function createPipeline(deps: PipelineDeps) {
       const { route, params } = match
       const rc = route.config
       trace.route = route
+      trace.auditEntity = () => entityOf(route, entitySources(request, url, params, new Uint8Array(0)))
 
       // 2. Identity: the tenant comes from the verified token, never from the request.
       trace.identity = await authenticate(request)
@@ -164,6 +167,7 @@ export function createPipeline(deps: PipelineDeps) {
   async function parseCommand(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array, trace: Trace, rules: RuleSet): Promise<IdempotencyClaim | null> {
     const rc = trace.route!.config
     const sources = entitySources(request, url, params, bytes)
+    trace.auditEntity = () => entityOf(trace.route!, sources)
     let policy: CommandPolicy
     try {
       policy = commandPolicy(trace.route!, trace.identity!.tenant, sources, rules)
@@ -233,7 +237,7 @@ export function createPipeline(deps: PipelineDeps) {
     } catch (err) {
       if (err instanceof FencegateError && err.status < 500) {
         await timed(trace, 'storeMs', () => store.recordRejection({
-          tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? null, code: err.code,
+          tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? trace.auditEntity?.() ?? null, code: err.code,
           presentedFence: trace.fence ?? null, highestFence: null, method: trace.method, path: trace.path,
           bodySha256: trace.bodySha256 ?? null, caller: trace.identity!.caller, requestId: trace.requestId, idempotencyKey: trace.key ?? null,
         })).catch((auditErr: unknown) => {

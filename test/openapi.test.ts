@@ -4,7 +4,7 @@ import { silentLogger } from '../src/log.js'
 import { noMetrics } from '../src/metrics.js'
 import { startRuleRegistry } from '../src/rules/registry.js'
 import {
-  adminOpenApi, auditPageSchema, bumpRequestSchema, bumpResultSchema, entityStateSchema, healthSchema, keyReleasedSchema, keyStateSchema, problemSchema,
+  adminOpenApi, auditPageSchema, auditSummaryResultSchema, entityKeysSchema, fenceHistoryPageSchema, jobDetailSchema, jobListSchema, bumpRequestSchema, bumpResultSchema, entityStateSchema, healthSchema, keyReleasedSchema, keyStateSchema, problemSchema,
 } from '../src/openapi.js'
 import { problemCatalog } from '../src/problems.js'
 import { backends, type TestDb } from './helpers/backends.js'
@@ -28,7 +28,7 @@ describe('the admin OpenAPI document stays in sync with the code', () => {
   it('describes every route the admin app registers, and nothing it does not', async () => {
     const exposition = { contentType: 'text/plain', render: async () => '' }
     const registry = await startRuleRegistry({ db: t.db, config: testConfig([route('http://127.0.0.1:9')]), log: silentLogger })
-    const app = createAdminApp({ store: t.store, metrics: noMetrics, exposition, rules: { registry, db: t.db } })
+    const app = createAdminApp({ store: t.store, metrics: noMetrics, exposition, rules: { registry, db: t.db }, db: t.db })
     await registry.close()
     const registered = new Set(app.routes.filter((r) => r.method !== 'ALL').map((r) => `${r.method.toLowerCase()} ${r.path.replace(/:([A-Za-z_]+)/g, '{$1}')}`))
     const documented = new Set(Object.entries(paths).flatMap(([path, ops]) => Object.keys(ops).map((method) => `${method} ${path}`)))
@@ -47,7 +47,7 @@ describe('the admin OpenAPI document stays in sync with the code', () => {
     expect(audit.every((p) => p.in === 'query')).toBe(true)
     const limit = new RegExp(audit.find((p) => p.name === 'limit')!.schema.pattern!)
     expect(['1', '1000'].every((v) => limit.test(v)) && !limit.test('x')).toBe(true)
-    for (const path of ['/entities/{entity}', '/idempotency/{key}']) {
+    for (const path of ['/entities/{entity}', '/idempotency/{key}', '/jobs/{id}']) {
       const query = Object.values(paths[path]!).flatMap((op) => op.parameters!.filter((p) => p.in === 'query').map((p) => p.name))
       expect(new Set(query)).toEqual(new Set(Object.keys(tenantQuerySchema.shape)))
     }
@@ -69,7 +69,7 @@ describe.each(backends())('real admin answers match the documented schemas on $n
   beforeAll(async () => {
     t = await backend.open()
     upstream = await startUpstream()
-    gw = await startTestGateway({ config: testConfig([route(upstream.url, { idempotency: 'optional' })]), store: t.store })
+    gw = await startTestGateway({ config: testConfig([route(upstream.url, { idempotency: 'optional' })]), store: t.store, db: t.db })
   })
   afterAll(async () => {
     await gw.close()
@@ -97,6 +97,12 @@ describe.each(backends())('real admin answers match the documented schemas on $n
     const bump = bumpRequestSchema.parse({ min_fence: '43' })
     expect(bumpResultSchema.parse((await get('/entities/invoice:1/bump', 'POST', bump)).json)).toMatchObject({ previous_fence: '6', highest_fence: '43', raised: true })
     expect(bumpResultSchema.parse((await get('/entities/invoice:2/bump', 'POST', { min_fence: 7 })).json).previous_fence).toBeNull()
+    expect(fenceHistoryPageSchema.parse((await get('/entities/invoice:1/history')).json).items).toHaveLength(3)
+    expect(entityKeysSchema.parse((await get('/entities/invoice:1/keys')).json).items).toHaveLength(1)
+    expect(auditSummaryResultSchema.parse((await get('/audit/summary')).json).buckets.length).toBeGreaterThan(0)
+    const [job] = await t.db.sql<{ id: string }>`INSERT INTO fg_jobs (tenant, type, key, state) VALUES ('default', 'doc', 'k', 'queued') RETURNING id::text AS id`
+    expect(jobListSchema.parse((await get('/jobs')).json).items).toHaveLength(1)
+    expect(jobDetailSchema.parse((await get(`/jobs/${job!.id}`)).json)).toMatchObject({ job_id: job!.id, state: 'queued', remaining_lease_ms: null })
     for (const path of ['/audit?limit=0', '/audit?foo=1', '/entities/nope', '/entities/x?tenant=a&tenant=b', '/nowhere']) {
       const problem = await get(path)
       expect(problem.type, path).toBe('application/problem+json')
