@@ -83,6 +83,12 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     const html = await res.text()
     expect(html).not.toMatch(/<script(?![^>]*\bsrc=)[^>]*>/)
     expect(html).not.toMatch(/<style|\sstyle=/)
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff')
+    expect(res.headers.get('referrer-policy')).toBe('no-referrer')
+    expect(res.headers.get('cache-control')).toBe('no-cache')
+    const script = /src="\.\/(assets\/[^"]+\.js)"/.exec(html)![1]
+    const asset = await fetch(`${gw.adminUrl}/ui/${script}`)
+    expect([asset.status, asset.headers.get('cache-control'), asset.headers.get('content-type')]).toEqual([200, 'public, max-age=31536000, immutable', 'text/javascript; charset=utf-8'])
     expect((await fetch(`${gw.adminUrl}/ui`, { redirect: 'manual' })).headers.get('location')).toBe('/ui/')
     expect((await fetch(`${gw.adminUrl}/ui/nothing.js`)).status).toBe(404)
   })
@@ -241,6 +247,21 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
       ['tenant', '(absent)', '→', '"acme"'],
     ])
     await shot('rules')
+  })
+
+  it('shows an audit-only token its tenant\'s rejections, and no bump or freeze', async () => {
+    const auditor = await browser.page()
+    await auditor.goto(`${gw.adminUrl}/ui/#/entity/invoice%3A42?tenant=acme`)
+    await auditor.locator('#token-dialog').waitFor({ state: 'visible' })
+    await auditor.fill('#token-input', await token({ sub: 'auditor-bob', scope: 'fencegate:audit' }))
+    await auditor.keyboard.press('Enter')
+    await auditor.locator('#entity-actions', { hasText: 'need a token with the fencegate:admin scope' }).waitFor()
+    await auditor.locator('#entity-now', { hasText: 'may not read' }).waitFor()
+    expect(await auditor.locator('#bump').count()).toBe(0)
+    await auditor.goto(`${gw.adminUrl}/ui/#/rejections?entity=invoice%3A42`)
+    await auditor.locator('#rejections-table tbody tr').first().waitFor()
+    expect(new Set(await auditor.locator('#rejections-table tbody td:nth-child(8)').allTextContents())).toEqual(new Set(['acme']))
+    await auditor.close()
   })
 
   it('is keyboard navigable: the screens are reachable with Tab and Enter', async () => {
