@@ -22,7 +22,7 @@ export interface BenchOptions {
   adminUrl: string
 }
 
-export const scenarioNames = ['passthrough', 'spread', 'hot', 'idem-spread', 'replay', 'idem-hot'] as const
+export const scenarioNames = ['passthrough', 'spread', 'raise', 'hot', 'idem-spread', 'replay', 'idem-hot'] as const
 export type ScenarioName = (typeof scenarioNames)[number]
 
 /**

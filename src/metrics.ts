@@ -32,6 +32,8 @@ export interface Metrics {
   resultRejected(e: { reason: string }): void
   /** One admin-plane request, by its route pattern (`/entities/:entity`). */
   adminRequest(e: { endpoint: string; status: number }): void
+  /** Rows deleted by the periodic purge: expired keys, or audit and fence history past their retention. */
+  rowsPurged(e: { table: 'idempotency' | 'audit' | 'fence_history'; rows: number }): void
 }
 
 /** What `GET /metrics` serves: a runtime's rendering of its metrics. */
@@ -57,6 +59,7 @@ export const noMetrics: Metrics = {
   renewalFailed() {},
   resultRejected() {},
   adminRequest() {},
+  rowsPurged() {},
 }
 
 /**

@@ -22,6 +22,7 @@ import { openPglite } from './store/pglite.js'
 import { connectPostgres } from './store/postgres.js'
 import { createStore, type Store } from './store/store.js'
 import { startRuleRegistry, type RuleRegistry } from './rules/registry.js'
+import { purgeOnce } from './retention.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -98,9 +99,9 @@ export async function startGateway(options: {
     await store.close()
     throw err
   }
-  // Expired idempotency records are already ignored; this only reclaims their space.
+  // Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
   const purge = setInterval(() => {
-    store.purgeExpired(1000).catch(() => log.warn('purge_failed'))
+    purgeOnce(store, config, metrics).catch(() => log.warn('purge_failed'))
   }, 60_000)
   purge.unref()
   const dataUrl = urlOf(data, config.server.host)

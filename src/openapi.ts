@@ -136,7 +136,7 @@ function buildDocument() {
       title: 'fencegate admin plane',
       version: '1',
       description: 'The admin API. With auth.mode: jwt every endpoint but /health needs a bearer token; /openapi.json accepts any valid token, '
-        + '/audit fencegate:admin or fencegate:audit (own tenant only), everything else fencegate:admin. Errors on both planes, data plane '
+        + '/audit and /audit/summary fencegate:admin or fencegate:audit (own tenant only), everything else fencegate:admin. Errors on both planes, data plane '
         + 'included, are application/problem+json (components.schemas.Problem) with a stable code; x-problem-codes lists every code with its status.',
     },
     security: [{ bearer: [] }],

@@ -9,6 +9,7 @@ import { createAuthenticator, type Authenticate, type VerificationKeys } from '.
 import { createLogger, type Logger } from './log.js'
 import { FencegateError, problemResponse } from './problems.js'
 import { connectPostgres } from './store/postgres.js'
+import { purgeRetainedOnWorkers } from './workers-retention.js'
 import { createStore } from './store/store.js'
 
 /** The Worker's bindings: vars and secrets are strings; HYPERDRIVE is an optional Hyperdrive binding. */
@@ -236,6 +237,7 @@ export default {
     ctx.waitUntil((async () => {
       const worker = await workerFor(env)
       await worker?.purgeExpired().catch((err: unknown) => logLine('purge_failed', { error: (err as Error)?.name ?? typeof err }))
+      await purgeRetainedOnWorkers(env)
     })())
   },
 }

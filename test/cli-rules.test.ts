@@ -47,6 +47,8 @@ describe('fencegate rules and entities (CLI against a running gateway)', () => {
     const dry = await cli('rules', 'apply', '-f', file, '--dry-run')
     expect(dry.code, dry.stderr).toBe(0)
     expect(dry.stdout).toContain('~ capture: timeout_ms')
+    // Like a plan an operator approves: each changed field with its old and new value.
+    expect(dry.stdout).toMatch(/^ {4}timeout_ms: (\d+|\(unset\)) → 2500$/m)
     expect(dry.stdout).toContain('+ refund')
     expect(dry.stdout).toContain('+ freeze-7')
     expect(dry.stdout).toContain('3 change(s) against version 1 (dry run: nothing applied)')

@@ -483,7 +483,7 @@ describe('${VAR} expansion', () => {
     expect(config.server.host).toBe(value)
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'entity_rules', 'job_types'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'entity_rules', 'job_types', 'audit', 'fence_history'])
     expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)

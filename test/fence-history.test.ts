@@ -98,4 +98,13 @@ describe.each(backends())('fence history ($name)', (backend) => {
     expectGapFree(changes, highest)
     expect(changes.length).toBeGreaterThan(1)
   })
+
+  it('concurrent first bumps of a new entity: exactly one finds no previous fence, and each reports the one it replaced', async () => {
+    const results = await Promise.all(Array.from({ length: 20 }, (_, i) =>
+      t.store.bumpFence({ tenant: 'default', entity: 'invoice:new', minFence: String(i + 1), caller: null, requestId: `b-${i}` })))
+    expect(results.filter((r) => r.previous === null)).toHaveLength(1)
+    const changes = await history(t, 'invoice:new')
+    expectGapFree(changes, '20')
+    expect(changes.length).toBe(results.filter((r) => r.raised).length)
+  })
 })

@@ -3,6 +3,7 @@ import { ConfigError } from '../config/schema.js'
 import { readExpandedYaml } from '../config/text.js'
 import { kindOf, normalizeRule, RuleError, validateRuleSet, type RawRule } from '../rules/schema.js'
 import { canonical, type RuleChange } from '../rules/store.js'
+import { diffRule, showValue, type FieldChange } from '../rules/diff.js'
 import { adminCall, AdminError } from './admin-client.js'
 import { stringFlag, UsageError, type Flags } from './usage.js'
 
@@ -82,7 +83,7 @@ export function readRulesFile(path: string, env: Record<string, string | undefin
 }
 
 /** One line of the plan: what applying the file does to one rule. */
-export interface PlanStep { op: 'add' | 'change' | 'delete' | 'keep'; name: string; rule?: RawRule; fields?: string[] }
+export interface PlanStep { op: 'add' | 'change' | 'delete' | 'keep'; name: string; rule?: RawRule; fields?: string[]; changes?: FieldChange[] }
 
 /** Compares the file with the rules in use; rules only in the database are kept unless `prune`. */
 export function plan(desired: RawRule[], current: RawRule[], prune: boolean): PlanStep[] {
@@ -95,8 +96,8 @@ export function plan(desired: RawRule[], current: RawRule[], prune: boolean): Pl
     const old = now.get(r.name)
     if (!old) steps.push({ op: 'add', name: r.name, rule: given })
     else if (canonical(old) !== canonical(r)) {
-      const keys = [...new Set([...Object.keys(old), ...Object.keys(r)])].sort()
-      steps.push({ op: 'change', name: r.name, rule: given, fields: keys.filter((k) => canonical(old[k]) !== canonical(r[k])) })
+      const changes = diffRule(old, r)
+      steps.push({ op: 'change', name: r.name, rule: given, fields: changes.map((c) => c.field), changes })
     }
   }
   return steps
@@ -123,7 +124,10 @@ export async function runRulesApply(flags: Flags): Promise<number> {
   const changes = steps.filter((s) => s.op !== 'keep')
   for (const s of steps) {
     if (s.op === 'add') console.log(`+ ${s.name}`)
-    if (s.op === 'change') console.log(`~ ${s.name}: ${s.fields!.join(', ')}`)
+    if (s.op === 'change') {
+      console.log(`~ ${s.name}: ${s.fields!.join(', ')}`)
+      for (const c of s.changes!) console.log(`    ${c.field}: ${showValue(c.old)} → ${showValue(c.new)}`)
+    }
     if (s.op === 'delete') console.log(`- ${s.name}`)
     if (s.op === 'keep') console.log(`  ${s.name}: not in the file, kept (--prune deletes it)`)
   }

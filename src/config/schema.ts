@@ -168,6 +168,14 @@ export const jobTypeSchema = z.object({
 
 const loopback = new Set(['127.0.0.1', '::1', 'localhost'])
 
+// At least an hour: a retention is a policy in days, and a typo such as `90` (90 ms) must not empty a table.
+const retention = duration.pipe(z.number().min(3_600_000, 'expected a retention of at least 1h, such as 90d'))
+
+/** `audit.retention`, `fence_history.retention`: rows older than this are purged; absent keeps them forever. */
+const retentionSection = (what: string) => z.object({
+  retention: retention.optional().describe(`How long ${what} are kept (e.g. 90d); absent: forever`),
+}).strict().prefault({})
+
 export const configSchema = z.object({
   server: z.object({
     host: z.string().min(1).default('127.0.0.1'),
@@ -191,6 +199,8 @@ export const configSchema = z.object({
   entity_rules: z.array(entityRuleSchema).default([]),
   job_types: z.array(jobTypeSchema).default([]),
   attestation: attestationSchema.optional(),
+  audit: retentionSection('audit rows'),
+  fence_history: retentionSection('fence history rows'),
 }).strict().superRefine((c, ctx) => {
   const jobTypes = new Set<string>()
   c.job_types.forEach((j, i) => {

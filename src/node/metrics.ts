@@ -53,6 +53,7 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const remainingLease = new Histogram({ name: 'fencegate_lease_remaining_seconds', help: 'Lease left when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
   const resultRejections = new Counter({ name: 'fencegate_job_result_rejections_total', help: 'Refused completions by reason', labelNames: ['reason'], registers })
   const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
+  const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
 
   // A label left out is absent from the series, which reads better than an empty value.
   const routeLabel = (route: string | undefined) => (route === undefined ? {} : { route })
@@ -102,5 +103,6 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
     renewalFailed: (e) => renewalFailures.inc({ reason: e.reason }),
     resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
     adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
+    rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
   }
 }
