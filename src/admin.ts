@@ -10,6 +10,7 @@ import { isStorableText, maxEntityLength } from './route.js'
 import { FencegateError, problemResponse } from './problems.js'
 import type { AuditItem, AuditQuery, Store } from './store/store.js'
 import { createRulesApp } from './rules/api.js'
+import { createConsoleApp } from './admin-ui.js'
 import type { RuleRegistry } from './rules/registry.js'
 import type { Db } from './store/db.js'
 import { createAdminJobsApp } from './admin-jobs.js'
@@ -54,6 +55,8 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     const endpoint = routePath(c, -1)
     metrics.adminRequest({ endpoint: endpoint === '/*' ? 'unmatched' : endpoint, status: c.res.status })
   })
+  // The console's static files hold no tenant data: served before authentication, so the page can ask for a token.
+  app.route('/ui', createConsoleApp())
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))
     // Health is for load balancers and carries no tenant data; everything else needs an identity.

@@ -1,0 +1,280 @@
+import { existsSync } from 'node:fs'
+import { join } from 'node:path'
+import type { Page } from 'playwright-core'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createJobStore } from '../src/leases/store.js'
+import { silentLogger } from '../src/log.js'
+import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
+import { backends, type TestDb } from './helpers/backends.js'
+import { browserSkipReason, launchBrowser, screenshotDir, type Browser } from './helpers/browser.js'
+import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+// The audit console in a real Chromium against a real gateway on PostgreSQL, under
+// auth.mode: jwt so every row names its caller. The test makes the traffic the screens show:
+// worker-a loses invoice:42 to worker-b and keeps writing; an operator finds it and bumps.
+const skip = browserSkipReason()
+if (skip) console.warn(`console tests skipped: ${skip}`)
+
+const built = join(import.meta.dirname, '..', 'dist', 'ui', 'index.html')
+
+describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
+  let t: TestDb
+  let upstream: TestUpstream
+  let gw: TestGateway
+  let registry: RuleRegistry
+  let browser: Browser
+  let page: Page
+  let adminToken: string
+
+  const as = async (sub: string) => ({ authorization: `Bearer ${await token({ sub })}` })
+  const capture = async (sub: string, invoice: number, fence?: string) =>
+    post(`${gw.url}/payments/${invoice}/capture`, fence, { headers: await as(sub) })
+  const admin = async (path: string, init: RequestInit = {}) => {
+    const res = await fetch(`${gw.adminUrl}${path}`, { ...init, headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json', ...init.headers as Record<string, string> } })
+    return { status: res.status, json: await res.json() as any }
+  }
+  const shot = (name: string, fullPage = true) => page.screenshot({ path: join(screenshotDir, `${name}.png`), fullPage })
+  const open = async (hash: string) => {
+    await page.goto(`${gw.adminUrl}/ui/${hash}`)
+    await page.locator('main h1').waitFor()
+  }
+  const texts = (selector: string) => page.locator(selector).allTextContents()
+
+  beforeAll(async () => {
+    if (!existsSync(built)) throw new Error('dist/ui is missing: run npm run build first (npm test does)')
+    t = await backends().find((b) => b.name === 'postgres')!.open()
+    upstream = await startUpstream()
+    const config = testConfig([route(upstream.url)], {
+      auth: jwtAuth,
+      job_types: [{ name: 'send-invoice', lease: '45s' }],
+    })
+    registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
+    gw = await startTestGateway({ config, store: t.store, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db), rules: { registry, db: t.db }, db: t.db })
+    adminToken = await token({ sub: 'operator-alice', scope: 'fencegate:admin' })
+    browser = await launchBrowser()
+    page = await browser.page()
+
+    // worker-a holds invoice:42 with fence 1, stalls; worker-b takes over with fence 2.
+    expect((await capture('worker-a', 42, '1')).status).toBe(200)
+    expect((await capture('worker-a', 42, '1')).status).toBe(200)
+    expect((await capture('worker-b', 42, '2')).status).toBe(200)
+    // worker-a wakes up and keeps writing with its old fence: three refusals.
+    for (let i = 0; i < 3; i++) expect((await capture('worker-a', 42, '1')).json.code).toBe('stale_fence')
+    // A misconfigured worker sends no fence at all.
+    expect((await capture('worker-c', 43)).json.code).toBe('fence_required')
+  })
+
+  afterAll(async () => {
+    await browser?.close()
+    await gw?.close()
+    await registry?.close()
+    await upstream?.close()
+    await t?.close()
+  })
+
+  it('serves the console with a strict Content-Security-Policy and no inline script or style', async () => {
+    const res = await fetch(`${gw.adminUrl}/ui/`)
+    expect(res.status).toBe(200)
+    const csp = res.headers.get('content-security-policy')!
+    expect(csp).toContain("default-src 'self'")
+    expect(csp).not.toContain('unsafe-inline')
+    const html = await res.text()
+    expect(html).not.toMatch(/<script(?![^>]*\bsrc=)[^>]*>/)
+    expect(html).not.toMatch(/<style|\sstyle=/)
+    expect(res.headers.get('x-content-type-options')).toBe('nosniff')
+    expect(res.headers.get('referrer-policy')).toBe('no-referrer')
+    expect(res.headers.get('cache-control')).toBe('no-cache')
+    const script = /src="\.\/(assets\/[^"]+\.js)"/.exec(html)![1]
+    const asset = await fetch(`${gw.adminUrl}/ui/${script}`)
+    expect([asset.status, asset.headers.get('cache-control'), asset.headers.get('content-type')]).toEqual([200, 'public, max-age=31536000, immutable', 'text/javascript; charset=utf-8'])
+    expect((await fetch(`${gw.adminUrl}/ui`, { redirect: 'manual' })).headers.get('location')).toBe('/ui/')
+    expect((await fetch(`${gw.adminUrl}/ui/nothing.js`)).status).toBe(404)
+  })
+
+  it('asks for a token under auth.mode: jwt, keeps it for the tab, and sends it with every call', async () => {
+    await page.goto(`${gw.adminUrl}/ui/#/rejections`)
+    const dialog = page.locator('#token-dialog')
+    await dialog.waitFor({ state: 'visible' })
+    await shot('token-prompt')
+    await page.fill('#token-input', 'not-a-token')
+    await page.keyboard.press('Enter')
+    await page.locator('#token-error', { hasText: 'refused the token' }).waitFor()
+    await page.fill('#token-input', adminToken)
+    await page.keyboard.press('Enter')
+    await dialog.waitFor({ state: 'hidden' })
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect(await page.evaluate(() => sessionStorage.getItem('fencegate.token'))).toBe(adminToken)
+    // A reload keeps the token: no prompt again.
+    await page.reload()
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect(await dialog.isVisible()).toBe(false)
+  })
+
+  it('charts the rejections the test caused, by code', async () => {
+    await open('#/rejections')
+    const count = (code: string) => page.locator(`#rejections-summary tr[data-code="${code}"] td.num`)
+    await count('stale_fence').waitFor()
+    expect(await count('stale_fence').textContent()).toBe('3')
+    expect(await count('fence_required').textContent()).toBe('1')
+    expect(await page.locator('#rejections-chart').getAttribute('data-total')).toBe('4')
+    expect(await page.locator('#rejections-chart canvas').count()).toBeGreaterThan(0)
+    await shot('rejections')
+  })
+
+  it('narrows the table with filters: by code, by caller, by entity', async () => {
+    await open('#/rejections')
+    await page.fill('input[name=code]', 'stale_fence')
+    await page.locator('form.filters button[type=submit]').click()
+    await page.waitForFunction(() => location.hash.includes('code=stale_fence'))
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect(new Set(await texts('#rejections-table tbody td:nth-child(2)'))).toEqual(new Set(['stale_fence']))
+    expect(await page.locator('#rejections-table tbody tr').count()).toBe(3)
+
+    await open('#/rejections?caller=worker-c')
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect(await texts('#rejections-table tbody td:nth-child(2)')).toEqual(['fence_required'])
+    // The entity is named even though the request was refused for its missing header.
+    expect(await texts('#rejections-table tbody td:nth-child(4)')).toEqual(['invoice:43'])
+
+    await open('#/rejections?entity=invoice%3A42')
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect(await page.locator('#rejections-table tbody tr').count()).toBe(3)
+    await shot('rejections-filtered')
+  })
+
+  it('pages the table by keyset: older pages hold the next rows, none twice', async () => {
+    for (let i = 0; i < 30; i++) expect((await capture('worker-d', 44, 'x')).json.code).toBe('invalid_fence')
+    await open('#/rejections?code=invalid_fence')
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    const first = await page.locator('#rejections-table tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-id')))
+    expect(first).toHaveLength(25)
+    await page.locator('#older').click()
+    await page.locator('.pager span', { hasText: 'Page 2' }).waitFor()
+    const second = await page.locator('#rejections-table tbody tr').evaluateAll((rows) => rows.map((r) => r.getAttribute('data-id')))
+    expect(second).toHaveLength(5)
+    expect(second.filter((id) => first.includes(id))).toEqual([])
+    expect(await page.locator('#older').isDisabled()).toBe(true)
+  })
+
+  it('shows an entity\'s fence history in order, linked from its rejections', async () => {
+    await open('#/rejections?code=stale_fence')
+    await page.locator('#rejections-table tbody tr a', { hasText: 'invoice:42' }).first().click()
+    await page.locator('#highest-fence').waitFor()
+    expect(await page.locator('#highest-fence').textContent()).toBe('2')
+    await page.locator('#entity-history tbody tr').first().waitFor()
+    const rows = await page.locator('#entity-history tbody tr').evaluateAll((trs) => trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent)))
+    // Newest first: worker-b raised 1 → 2 after worker-a's first acceptance (none → 1); equal fences wrote nothing.
+    expect(rows.map((r) => [r[1], r[2], r[3], r[4]])).toEqual([
+      ['1 → 2', 'command', 'capture', 'worker-b'],
+      ['none → 1', 'command', 'capture', 'worker-a'],
+    ])
+    expect(await page.locator('#entity-rejections tbody tr').count()).toBe(3)
+    expect(await page.locator('#entity-chart canvas').count()).toBeGreaterThan(0)
+    await shot('entity')
+  })
+
+  it('bumps from the console after a confirmation, cutting off the old holder; the new rejection arrives live', async () => {
+    await open('#/entity/invoice%3A42?tenant=acme')
+    await page.locator('#bump').waitFor()
+    expect(await page.inputValue('#bump-fence')).toBe('3')
+    await page.locator('#bump').click()
+    await page.locator('#confirm-dialog', { hasText: 'below 3' }).waitFor({ state: 'visible' })
+    await shot('bump-confirm', false)
+    // Cancel first: nothing changes.
+    await page.locator('#confirm-cancel').click()
+    expect((await admin('/entities/invoice:42')).json.highest_fence).toBe('2')
+    await page.locator('#bump').click()
+    await page.locator('#confirm-ok').click()
+    await page.locator('#highest-fence', { hasText: '3' }).waitFor()
+    await page.locator('#entity-history tbody tr', { hasText: 'operator bump' }).waitFor()
+    expect(await page.locator('#entity-history tbody tr').first().textContent()).toContain('operator-alice')
+
+    // worker-b, the holder of fence 2, is cut off; a new holder at 3 is accepted.
+    await open('#/rejections?entity=invoice%3A42')
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    expect((await capture('worker-b', 42, '2')).json.code).toBe('stale_fence')
+    await page.locator('#rejections-table tbody tr.new', { hasText: 'worker-b' }).waitFor()
+    expect((await capture('worker-e', 42, '3')).status).toBe(200)
+    await shot('rejections-live')
+  })
+
+  it('freezes and unfreezes an entity through a rule, with a confirmation', async () => {
+    await open('#/entity/invoice%3A42?tenant=acme')
+    await page.locator('#freeze-button').click()
+    await page.locator('#confirm-ok').click()
+    await page.locator('#unfreeze').waitFor()
+    await expect.poll(async () => (await capture('worker-e', 42, '3')).status).toBe(423)
+    await shot('entity-frozen')
+    await page.locator('#unfreeze').click()
+    await page.locator('#confirm-ok').click()
+    await page.locator('#freeze-button').waitFor()
+    await expect.poll(async () => (await capture('worker-e', 42, '3')).status).toBe(200)
+  })
+
+  it('lists jobs with their holder, fence, attempt and a lease counting down', async () => {
+    const jobsApi = async (path: string, body: unknown) => (await fetch(`${gw.url}/_fencegate/jobs${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...await as('worker-a') }, body: JSON.stringify(body) })).json() as any
+    await jobsApi('', { type: 'send-invoice', key: 'invoice-42' })
+    await jobsApi('', { type: 'send-invoice', key: 'invoice-43' })
+    const claimed = await jobsApi('/claim', { worker_id: 'worker-a' })
+    await open('#/jobs')
+    const row = page.locator(`#jobs-table tr[data-job="${claimed.job_id}"]`)
+    await row.waitFor()
+    const cells = await row.locator('td').allTextContents()
+    expect(cells.slice(3, 7)).toEqual(['running', 'worker-a', '1', '1'])
+    const left = cells[7]!
+    expect(left).toMatch(/^\d+ s$/)
+    await page.waitForFunction(([id, before]) => document.querySelector(`tr[data-job="${id}"] [data-deadline]`)?.textContent !== before, [claimed.job_id, left] as const)
+    expect(await page.locator('#jobs-table tbody tr').count()).toBe(2)
+    await open('#/jobs?state=queued')
+    await page.locator('#jobs-table tbody tr').first().waitFor()
+    expect(await texts('#jobs-table tbody td:nth-child(4)')).toEqual(['queued'])
+    await open('#/jobs')
+    await row.waitFor()
+    await shot('jobs')
+  })
+
+  it('shows the rules, their versions and a field-by-field diff old → new', async () => {
+    expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'required' }) })).status).toBe(200)
+    expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'optional', tenant: 'acme' }) })).status).toBe(200)
+    await open('#/rules')
+    await page.locator('#rules-list a', { hasText: 'vip' }).click()
+    await page.locator('#rule-diff tbody tr').first().waitFor()
+    const diff = await page.locator('#rule-diff tbody tr').evaluateAll((trs) => trs.map((tr) => [...tr.children].map((c) => c.textContent)))
+    expect(diff).toEqual([
+      ['fence', '"required"', '→', '"optional"'],
+      ['tenant', '(absent)', '→', '"acme"'],
+    ])
+    await shot('rules')
+  })
+
+  it('shows an audit-only token its tenant\'s rejections, and no bump or freeze', async () => {
+    const auditor = await browser.page()
+    await auditor.goto(`${gw.adminUrl}/ui/#/entity/invoice%3A42?tenant=acme`)
+    await auditor.locator('#token-dialog').waitFor({ state: 'visible' })
+    await auditor.fill('#token-input', await token({ sub: 'auditor-bob', scope: 'fencegate:audit' }))
+    await auditor.keyboard.press('Enter')
+    await auditor.locator('#entity-actions', { hasText: 'need a token with the fencegate:admin scope' }).waitFor()
+    await auditor.locator('#entity-now', { hasText: 'may not read' }).waitFor()
+    expect(await auditor.locator('#bump').count()).toBe(0)
+    await auditor.goto(`${gw.adminUrl}/ui/#/rejections?entity=invoice%3A42`)
+    await auditor.locator('#rejections-table tbody tr').first().waitFor()
+    expect(new Set(await auditor.locator('#rejections-table tbody td:nth-child(8)').allTextContents())).toEqual(new Set(['acme']))
+    await auditor.close()
+  })
+
+  it('is keyboard navigable: the screens are reachable with Tab and Enter', async () => {
+    await page.goto(`${gw.adminUrl}/ui/#/rejections`)
+    await page.evaluate((t) => sessionStorage.setItem('fencegate.token', t), adminToken)
+    // A fresh load: focus starts at the top of the page, the skip link first, then the screens.
+    await page.reload()
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    await page.keyboard.press('Tab')
+    expect(await page.evaluate(() => document.activeElement?.textContent)).toBe('Skip to content')
+    for (let i = 0; i < 5 && !(await page.evaluate(() => document.activeElement?.textContent === 'Jobs')); i++) await page.keyboard.press('Tab')
+    await page.keyboard.press('Enter')
+    await page.waitForFunction(() => location.hash === '#/jobs')
+    expect(browser.problems).toEqual([])
+  })
+})
