@@ -67,7 +67,7 @@ export function familyOf(module: string): string {
   if (module === 'hono') return 'hono (router, context)'
   if (module === 'postgres' || module.startsWith('fencegate src/store')) return 'the store (postgres.js, src/store)'
   if (module === 'pino' || module === 'prom-client' || module === 'zod') return module
-  if (module === 'node:crypto' || module === 'fencegate src/node/hash') return 'hashing (node:crypto, src/node/hash)'
+  if (module === 'node:crypto' || module === 'fencegate src/runtime/node/hash') return 'hashing (node:crypto, src/runtime/node/hash)'
   if (module.startsWith('fencegate ')) return 'fencegate src (other)'
   if (module === 'GC') return 'GC'
   if (/^node(:| )/.test(module)) return 'Node core (http, net, streams, events, ticks)'

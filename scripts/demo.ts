@@ -6,8 +6,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseConfig } from '../src/config/schema.js'
 import { startDemoUpstream } from '../src/demo/upstream.js'
-import { silentLogger } from '../src/log.js'
-import { startGateway } from '../src/node.js'
+import { silentLogger } from '../src/observe/log.js'
+import { startGateway } from '../src/runtime/node/gateway.js'
 
 const dataDir = mkdtempSync(join(tmpdir(), 'fencegate-demo-'))
 const upstream = await startDemoUpstream(0)

@@ -1,11 +1,11 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { consoleCsp, createConsoleApp } from '../src/admin-ui.js'
+import { consoleCsp, createConsoleApp } from '../src/admin/ui.js'
 
-// The console's files as the built package serves them: dist/src/admin-ui.js finds dist/ui
+// The console's files as the built package serves them: dist/src/admin/ui.js finds dist/ui
 // relative to itself, whatever the working directory. (The browser tests are in console.test.ts.)
-const built = join(import.meta.dirname, '..', 'dist', 'src', 'admin-ui.js')
+const built = join(import.meta.dirname, '..', 'dist', 'src', 'admin', 'ui.js')
 
 describe('console static files', () => {
   it.each([['the sources', createConsoleApp], ['the built package', async () => ((await import(built)) as { createConsoleApp: typeof createConsoleApp }).createConsoleApp()]])('are served from %s with the CSP, and nothing else is', async (_from, make) => {

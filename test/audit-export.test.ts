@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { csvCell } from '../src/audit-export.js'
+import { csvCell } from '../src/admin/audit-export.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'

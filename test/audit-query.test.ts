@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest'
-import { parseAuditQuery } from '../src/admin.js'
-import { FencegateError } from '../src/problems.js'
+import { parseAuditQuery } from '../src/admin/app.js'
+import { FencegateError } from '../src/http/problems.js'
 
 const parse = (query: string | Record<string, string> | [string, string][]) => parseAuditQuery(new URLSearchParams(query))
 

@@ -1,5 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { wholeAnswerLimit } from '../src/outcome.js'
+import { wholeAnswerLimit } from '../src/gateway/outcome.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { gate, startUpstream, type TestUpstream } from './helpers/upstream.js'

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest'
-import { fenceHeader, maxFence, parseFence, staleFenceError } from '../src/fence.js'
-import { FencegateError, problemBody } from '../src/problems.js'
+import { fenceHeader, maxFence, parseFence, staleFenceError } from '../src/gateway/fence.js'
+import { FencegateError, problemBody } from '../src/http/problems.js'
 
 describe('parseFence', () => {
   it('treats an absent header (null) as no fence', () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { clientResponseHeaders, upstreamRequestHeaders } from '../src/forward.js'
+import { clientResponseHeaders, upstreamRequestHeaders } from '../src/gateway/forward.js'
 
 const hopByHop = [
   ['connection', 'keep-alive'],

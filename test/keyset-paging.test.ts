@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createAdminApp } from '../src/admin.js'
-import { noAuthentication } from '../src/identity.js'
+import { createAdminApp } from '../src/admin/app.js'
+import { noAuthentication } from '../src/http/identity.js'
 import { ruleHistory } from '../src/rules/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 

@@ -1,12 +1,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { auditQuerySchema, createAdminApp, tenantQuerySchema } from '../src/admin.js'
-import { silentLogger } from '../src/log.js'
-import { noMetrics } from '../src/metrics.js'
+import { auditQuerySchema, createAdminApp, tenantQuerySchema } from '../src/admin/app.js'
+import { silentLogger } from '../src/observe/log.js'
+import { noMetrics } from '../src/observe/metrics.js'
 import { startRuleRegistry } from '../src/rules/registry.js'
 import {
   adminOpenApi, auditPageSchema, auditSummaryResultSchema, entityKeysSchema, fenceHistoryPageSchema, jobDetailSchema, jobListSchema, bumpRequestSchema, bumpResultSchema, entityStateSchema, healthSchema, keyReleasedSchema, keyStateSchema, problemSchema,
-} from '../src/openapi.js'
-import { problemCatalog } from '../src/problems.js'
+} from '../src/admin/openapi.js'
+import { problemCatalog } from '../src/http/problems.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { hmacAuthenticator, token } from './helpers/tokens.js'

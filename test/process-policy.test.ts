@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest'
-import { isStoreFailure, installProcessPolicy } from '../src/node/process-policy.js'
+import { isStoreFailure, installProcessPolicy } from '../src/runtime/node/process-policy.js'
 import { StoreError } from '../src/store/db.js'
-import { createLogger } from '../src/log.js'
+import { createLogger } from '../src/observe/log.js'
 
 const coded = (code: string) => Object.assign(new Error('driver says something'), { code })
 

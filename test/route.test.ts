@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest'
 import { parseConfig, type RouteConfig } from '../src/config/schema.js'
-import { FencegateError } from '../src/problems.js'
+import { FencegateError } from '../src/http/problems.js'
 import {
   compileEntityTemplate, compilePathPattern, compileRoute, createRouter, maxEntityLength, reservedPrefix, resolveEntity,
   type EntitySources,
-} from '../src/route.js'
+} from '../src/gateway/route.js'
 
 /** Runs `f`, requires a FencegateError and returns it. */
 function caught(f: () => unknown): FencegateError {

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createJobStore } from '../src/leases/store.js'
-import { createPinoLogger } from '../src/node/log.js'
+import { createPinoLogger } from '../src/runtime/node/log.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'

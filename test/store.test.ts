@@ -1,6 +1,6 @@
 import postgres from 'postgres'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { readAuditPage } from '../src/admin.js'
+import { readAuditPage } from '../src/admin/app.js'
 import { StoreError } from '../src/store/db.js'
 import { migrate, MigrationError } from '../src/store/migrate.js'
 import { loadMigrations } from '../src/store/migrations-fs.js'

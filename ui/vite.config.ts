@@ -2,7 +2,7 @@ import { fileURLToPath } from 'node:url'
 import { defineConfig } from 'vite'
 
 // The audit console: plain TypeScript and DOM, built into dist/ui and served by the admin plane
-// at /ui/ (src/admin-ui.ts). Relative asset URLs, so it works under any prefix.
+// at /ui/ (src/admin/ui.ts). Relative asset URLs, so it works under any prefix.
 export default defineConfig({
   root: fileURLToPath(new URL('.', import.meta.url)),
   base: './',

@@ -1,4 +1,4 @@
-import { openDb } from '../node.js'
+import { openDb } from '../runtime/node/gateway.js'
 import { storeLocation, type Flags } from './usage.js'
 
 /** `fencegate migrate`: applies pending migrations (the same step `serve` runs at start). */

@@ -1,7 +1,7 @@
 import { loadConfigFile } from '../config/load.js'
-import { databaseUrlFor, startGateway } from '../node.js'
-import { createPinoLogger } from '../node/log.js'
-import { installProcessPolicy } from '../node/process-policy.js'
+import { databaseUrlFor, startGateway } from '../runtime/node/gateway.js'
+import { createPinoLogger } from '../runtime/node/log.js'
+import { installProcessPolicy } from '../runtime/node/process-policy.js'
 import { portFlag, stringFlag, type Flags } from './usage.js'
 
 /** `fencegate serve`: runs until SIGINT or SIGTERM, then drains and exits. */

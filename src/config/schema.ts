@@ -1,6 +1,6 @@
 import { z } from 'zod'
 import { parseDuration, parseSize } from './units.js'
-import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix } from '../route.js'
+import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix } from './templates.js'
 
 // Integers may come from `${VAR}` expansion, which always yields a string.
 const integer = (min: number, max: number, what = 'an integer') => z.union([z.number(), z.string().regex(/^\d+$/, `expected ${what}`)])

@@ -1,5 +1,5 @@
 import type { Db } from '../store/db.js'
-import type { Holder, JobState, LostReason } from './store.js'
+import type { Holder, JobState, LostReason } from './types.js'
 
 // The lease service's reads: they decide nothing, so they may read after the fact.
 

@@ -1,5 +1,5 @@
 import type { Db } from '../store/db.js'
-import type { JobState } from './store.js'
+import type { JobState } from './types.js'
 import { jobsChannel } from './wake.js'
 
 /** The most jobs one bulk start takes. */

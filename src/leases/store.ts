@@ -12,23 +12,9 @@ export type { Claimed, ClaimRequest } from './claim.js'
 export { maxClaimBatch } from './claim.js'
 export { maxBulkStart, type StartItem, type Started } from './start-many.js'
 
-/** The states a job moves through (docs/leases.md#states). */
-export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
+import type { Holder, JobState } from './types.js'
 
-/** Who is acting on a job: the owner's worker id and the fence it was given at claim. */
-export interface Holder {
-  tenant: string
-  jobId: string
-  workerId: string
-  fence: string
-}
-
-/**
- * Why a holder no longer holds a job. `released`: the job is back in the queue,
- * unowned, at the holder's fence (given back by release or a retryable fail, and
- * not claimed since).
- */
-export type LostReason = 'expired' | 'superseded' | 'released' | 'cancelled' | 'finished' | 'max_runtime' | 'not_found'
+export type { Holder, JobState, LostReason } from './types.js'
 
 /**
  * Starts a job by its natural key, or joins the one that exists. With

@@ -1,4 +1,4 @@
-import { silentLogger, type Logger } from '../log.js'
+import { silentLogger, type Logger } from '../observe/log.js'
 import { storeCode } from '../store/db.js'
 
 /**

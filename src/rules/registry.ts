@@ -1,6 +1,6 @@
 import type { Config, EntityRuleConfig, RouteConfig } from '../config/schema.js'
-import type { Logger } from '../log.js'
-import { createRouter, type Router } from '../route.js'
+import type { Logger } from '../observe/log.js'
+import { createRouter, type Router } from '../gateway/route.js'
 import type { Db } from '../store/db.js'
 import { storeCode } from '../store/db.js'
 import { compileEntityRules, type CompiledEntityRule } from './entities.js'

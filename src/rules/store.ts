@@ -1,5 +1,5 @@
 import type { Db } from '../store/db.js'
-import { FencegateError } from '../problems.js'
+import { FencegateError } from '../http/problems.js'
 import { kindOf, normalizeRule, type RawRule, type RuleKind } from './schema.js'
 
 /** The channel every rule change is announced on; the payload is the new version. */

@@ -1,4 +1,4 @@
-import { concatBytes } from '../body.js'
+import { concatBytes } from '../http/body.js'
 import { StoreError, type Db } from './db.js'
 import type { Held, StoredResponse } from './commands.js'
 

@@ -1,5 +1,5 @@
 import { SignJWT } from 'jose'
-import { createAuthenticator, type Authenticate } from '../../src/identity.js'
+import { createAuthenticator, type Authenticate } from '../../src/http/identity.js'
 import { authSchema } from '../../src/config/schema.js'
 
 export const issuer = 'https://issuer.test'

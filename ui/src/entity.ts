@@ -2,7 +2,7 @@ import { api, ApiError, canAdmin, explainError, qs } from './api.js'
 import { fenceChart } from './chart.js'
 import { confirmAction } from './confirm.js'
 import { fill, h, notice, table, when } from './dom.js'
-import type { Screen } from './main.js'
+import type { Screen } from './screen.js'
 import { auditTable, type AuditItem } from './rejections.js'
 import { freezeActions } from './freeze.js'
 

@@ -1,6 +1,6 @@
 import { api, explainError, qs } from './api.js'
 import { entityHref, fill, h, notice, table } from './dom.js'
-import type { Screen } from './main.js'
+import type { Screen } from './screen.js'
 
 export interface JobView {
   job_id: string; type: string; key: string; state: string; attempt: number; fence: string

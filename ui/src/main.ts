@@ -5,8 +5,7 @@ import { renderJobs } from './jobs.js'
 import { renderRejections } from './rejections.js'
 import { renderRules } from './rules.js'
 
-/** A screen draws into `main` and returns what stops its timers when the reader leaves it. */
-export type Screen = (main: HTMLElement, path: string[], params: URLSearchParams) => () => void
+import type { Screen } from './screen.js'
 
 const screens: Record<string, Screen> = { rejections: renderRejections, entity: renderEntity, jobs: renderJobs, rules: renderRules }
 let leave: () => void = () => {}

@@ -2,7 +2,7 @@ import { api, explainError, qs } from './api.js'
 import { rejectionsChart } from './chart.js'
 import { entityHref, fill, h, notice, table, when } from './dom.js'
 import { explain, knownCodes } from './explain.js'
-import type { Screen } from './main.js'
+import type { Screen } from './screen.js'
 
 export interface AuditItem {
   id: string; at: string; tenant: string; route: string | null; entity: string | null; code: string

@@ -1,6 +1,6 @@
 import { api, explainError, qs } from './api.js'
 import { fill, h, notice, table, when } from './dom.js'
-import type { Screen } from './main.js'
+import type { Screen } from './screen.js'
 
 type Rule = Record<string, unknown> & { name: string }
 interface RuleChange { version: number; name: string; kind: string; rule: Rule | null; changed_by: string | null; changed_at: string; source: string }

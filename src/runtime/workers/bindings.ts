@@ -1,7 +1,7 @@
-import { createAttestationSigner, type AttestationSigner } from '../../attest.js'
+import { createAttestationSigner, type AttestationSigner } from '../../gateway/attest.js'
 import { loadConfigText } from '../../config/text.js'
 import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
-import type { VerificationKeys } from '../../identity.js'
+import type { VerificationKeys } from '../../http/identity.js'
 
 /** The Worker's bindings: vars and secrets are strings; HYPERDRIVE is an optional Hyperdrive binding. */
 export interface WorkerEnv {

@@ -5,7 +5,7 @@
  * test/worker-entry.test.ts checks the module and the bundle for it.
  */
 import { ConfigError } from '../../config/schema.js'
-import { FencegateError, problemResponse } from '../../problems.js'
+import { FencegateError, problemResponse } from '../../http/problems.js'
 import { createWorker, type FencegateWorker } from './app.js'
 import { purgeRetainedOnWorkers } from './retention.js'
 import type { WorkerContext, WorkerEnv } from './bindings.js'

@@ -1,4 +1,4 @@
-import { ForwardError, type Forward } from '../../forward.js'
+import { ForwardError, type Forward } from '../../gateway/forward.js'
 
 export interface FetchForwardOptions {
   /** The fetch to send with; defaults to the runtime's global `fetch`. */

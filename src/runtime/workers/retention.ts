@@ -1,5 +1,5 @@
 import { loadConfigText } from '../../config/text.js'
-import { purgeRetained } from '../../retention.js'
+import { purgeRetained } from '../retention.js'
 import { createStore } from '../../store/store.js'
 import { connectWorkersPostgres } from './db.js'
 

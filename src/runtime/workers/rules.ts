@@ -1,5 +1,5 @@
 import type { Config } from '../../config/schema.js'
-import type { Logger } from '../../log.js'
+import type { Logger } from '../../observe/log.js'
 import { compileRuleSet, credentialsOf, rulesOfConfig, type RuleRegistry, type RuleSet } from '../../rules/registry.js'
 import { validateRuleSet, type RawRule } from '../../rules/schema.js'
 import { changeRule, readRules, readRulesVersion, seedRules } from '../../rules/store.js'

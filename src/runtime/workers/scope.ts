@@ -1,4 +1,4 @@
-import type { Forward } from '../../forward.js'
+import type { Forward } from '../../gateway/forward.js'
 import type { Db } from '../../store/db.js'
 import { createStore, type Store } from '../../store/store.js'
 import { connectWorkersPostgres } from './db.js'

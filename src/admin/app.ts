@@ -1,0 +1,136 @@
+import { Hono } from 'hono'
+import { routePath } from 'hono/route'
+import { requestIdOf } from '../gateway/app.js'
+import { noAuthentication, type Authenticate } from '../http/identity.js'
+import { noMetrics, type Metrics, type MetricsExposition } from '../observe/metrics.js'
+import { adminOpenApi } from './openapi.js'
+import { isStorableText, maxEntityLength } from '../gateway/route.js'
+import { FencegateError, problemResponse } from '../http/problems.js'
+import type { Store } from '../store/store.js'
+import { createRulesApp } from '../rules/api.js'
+import { createConsoleApp } from './ui.js'
+import type { RuleRegistry } from '../rules/registry.js'
+import type { Db } from '../store/db.js'
+import { createAdminJobsApp } from './jobs.js'
+import { createHistoryApp } from './history.js'
+import { auditFormat, exportAudit, type AuditFormat } from './audit-export.js'
+import { parseAuditQuery, parseBump, parseTenantQuery, readAuditPage, storeCall, tenantFor, type AdminEnv } from './query.js'
+
+export { auditQuerySchema, bumpRequestSchema, parseAuditQuery, parseBump, readAuditPage, tenantQuerySchema, type AuditPage } from './query.js'
+
+export interface AdminDeps {
+  store: Store
+  /** Defaults to no authentication, for an admin plane bound to loopback. */
+  authenticate?: Authenticate
+  /** Counts admin requests; defaults to recording nothing. */
+  metrics?: Metrics
+  /** What `GET /metrics` serves; without it the endpoint does not exist (404). */
+  exposition?: MetricsExposition
+  /** Rules kept in the database; without them `/rules` does not exist (404). */
+  rules?: { registry: RuleRegistry; db: Db }
+  /** The database the read-only job views read; without it `/jobs` does not exist (404). */
+  db?: Db
+}
+
+/**
+ * Builds the admin-plane Hono app: health, the audit trail, entity state,
+ * idempotency records, metrics and its own OpenAPI description.
+ * With `auth.mode: jwt` every endpoint but /health needs a token (and all but
+ * /openapi.json an admin scope); without auth the configuration only lets it listen on loopback.
+ *
+ * @example
+ * const admin = createAdminApp({ store })
+ * const page = await (await admin.request('/audit?code=stale_fence&limit=50')).json()
+ */
+export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
+  const { store, exposition } = deps
+  const authenticate = deps.authenticate ?? noAuthentication
+  const metrics = deps.metrics ?? noMetrics
+  const app = new Hono<AdminEnv>()
+  // Outermost, so it also sees answers made by onError (a refused token, an unknown endpoint).
+  app.use(async (c, next) => {
+    await next()
+    const endpoint = routePath(c, -1)
+    metrics.adminRequest({ endpoint: endpoint === '/*' ? 'unmatched' : endpoint, status: c.res.status })
+  })
+  // The console's static files hold no tenant data: served before authentication, so the page can ask for a token.
+  app.route('/ui', createConsoleApp())
+  app.use(async (c, next) => {
+    c.set('requestId', requestIdOf(c.req.raw))
+    // Health is for load balancers and carries no tenant data; everything else needs an identity.
+    if (c.req.path !== '/health') c.set('identity', await authenticate(c.req.raw))
+    await next()
+    c.header('x-request-id', c.get('requestId'))
+  })
+
+  app.get('/health', async (c) => {
+    try {
+      await store.ping()
+      return c.json({ status: 'ok', store: 'up' })
+    } catch {
+      return c.json({ status: 'unavailable', store: 'down' }, 503)
+    }
+  })
+
+  app.get('/audit', async (c) => {
+    const params = new URL(c.req.url).searchParams
+    const query = parseAuditQuery(params)
+    query.tenant = tenantFor(c.get('identity'), query.tenant, true)
+    const format = auditFormat(params.get('format') as AuditFormat | null ?? undefined, c.req.header('accept'))
+    if (format !== 'json') return exportAudit(store, query, format, params.has('limit') ? query.limit : undefined)
+    return c.json(await storeCall(() => readAuditPage(store, query)))
+  })
+
+  app.get('/metrics', async (c) => {
+    if (!exposition) throw new FencegateError('not_found', 'no such admin endpoint')
+    tenantFor(c.get('identity'), undefined, false)
+    return c.body(await exposition.render(), 200, { 'content-type': exposition.contentType })
+  })
+
+  app.get('/openapi.json', (c) => c.json(adminOpenApi()))
+
+  app.get('/entities/:entity', async (c) => {
+    const entity = c.req.param('entity')
+    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
+    const state = await storeCall(() => store.getEntity(tenant, entity))
+    if (!state) throw new FencegateError('not_found', `no fence has been accepted for ${entity} in tenant ${tenant}`)
+    return c.json(state)
+  })
+
+  // Incident response: every holder of a token below min_fence is cut off at once.
+  app.post('/entities/:entity/bump', async (c) => {
+    const entity = c.req.param('entity')
+    if (entity.length > maxEntityLength || !isStorableText(entity)) throw new FencegateError('invalid_request', `an entity is 1-${maxEntityLength} characters without control characters`)
+    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
+    const minFence = parseBump(await c.req.text())
+    const r = await storeCall(() => store.bumpFence({ tenant, entity, minFence, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    return c.json({ tenant, entity, previous_fence: r.previous, highest_fence: r.highest, raised: r.raised })
+  })
+
+  app.get('/idempotency/:key', async (c) => {
+    const key = c.req.param('key')
+    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
+    const record = await storeCall(() => store.getKey(tenant, key))
+    if (!record) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
+    return c.json(record)
+  })
+
+  app.delete('/idempotency/:key', async (c) => {
+    const key = c.req.param('key')
+    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
+    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    if (!result) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
+    if (!result.released) throw new FencegateError('key_not_releasable', `the record is ${result.state}; only an unknown outcome (or an in-flight record whose lock expired) can be released`, { state: result.state })
+    return c.json({ key, tenant, released: true, previous_state: result.state })
+  })
+
+  if (deps.rules) app.route('/rules', createRulesApp(deps.rules))
+  app.route('/', createHistoryApp(store))
+  if (deps.db) app.route('/jobs', createAdminJobsApp(deps.db))
+
+  app.notFound(() => {
+    throw new FencegateError('not_found', 'no such admin endpoint')
+  })
+  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId')))
+  return app
+}

@@ -1,0 +1,49 @@
+import { Hono } from 'hono'
+import { z } from 'zod'
+import { parseQuery, storeCall, tenantFor, tenantParam, type AdminEnv } from './query.js'
+import { getJobDetail, listJobs, type JobSummary } from '../leases/list.js'
+import { FencegateError } from '../http/problems.js'
+import type { Db } from '../store/db.js'
+
+/** `GET /jobs` query parameters. */
+export const jobListQuerySchema = z.object({
+  tenant: tenantParam,
+  state: z.enum(['queued', 'running', 'succeeded', 'failed', 'cancelled']).optional().describe('Only jobs in this state'),
+  type: z.string().regex(/^[\s\S]{1,255}$/, '1-255 characters').optional().describe('Only jobs of this type'),
+  limit: z.string().regex(/^[0-9]{1,4}$/, 'an integer from 1 to 1000')
+    .refine((v) => Number(v) >= 1 && Number(v) <= 1000, 'an integer from 1 to 1000').optional().describe('Page size, 1 to 1000 (default 100)'),
+  before: z.string().regex(/^[0-9]{1,18}$/, 'a next_cursor value from an earlier page').optional().describe('The next_cursor of the previous page'),
+}).strict()
+
+/**
+ * Read-only job views for operators (fencegate:admin): jobs by state and type
+ * with each running job's holder, fence, attempt and remaining lease on the
+ * database clock. Mounted at /jobs by createAdminApp when it has the Db.
+ *
+ * @example
+ * app.route('/jobs', createAdminJobsApp(db))
+ */
+export function createAdminJobsApp(db: Db): Hono<AdminEnv> {
+  const app = new Hono<AdminEnv>()
+
+  app.get('/', async (c) => {
+    const p = parseQuery(jobListQuerySchema, new URL(c.req.url).searchParams)
+    const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
+    const limit = p.limit === undefined ? 100 : Number(p.limit)
+    const rows = await storeCall(() => listJobs(db, { tenant, state: p.state, type: p.type, limit: limit + 1, before: p.before }))
+    const items: JobSummary[] = rows.slice(0, limit)
+    return c.json({ items, next_cursor: rows.length > limit ? items.at(-1)!.job_id : null })
+  })
+
+  app.get('/:id', async (c) => {
+    const p = parseQuery(z.object({ tenant: tenantParam }).strict(), new URL(c.req.url).searchParams)
+    const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
+    const id = c.req.param('id')
+    if (!/^[0-9]{1,18}$/.test(id)) throw new FencegateError('not_found', `no job ${id} in tenant ${tenant}`)
+    const job = await storeCall(() => getJobDetail(db, tenant, id))
+    if (!job) throw new FencegateError('not_found', `no job ${id} in tenant ${tenant}`)
+    return c.json(job)
+  })
+
+  return app
+}

@@ -1,0 +1,31 @@
+import type { RouteConfig } from '../config/schema.js'
+import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
+
+/**
+ * Headers fencegate adds to answers of keyed routes so that SDKs find what
+ * they read: the request's own `Idempotency-Key` (Stripe's SDK exposes it as
+ * `lastResponse.idempotencyKey`), and the route's retry hint on a replay.
+ */
+
+/**
+ * Echoes a well-formed `Idempotency-Key`, exactly as the client sent it, on a
+ * route that reads keys; a malformed one is not repeated back.
+ *
+ * @example echoIdempotencyKey(response.headers, request, route.config)
+ */
+export function echoIdempotencyKey(target: Headers | Record<string, string>, request: Request, route: RouteConfig): void {
+  if (route.idempotency === 'off') return
+  const sent = request.headers.get(idempotencyHeader)
+  try {
+    if (parseIdempotencyKey(sent) === undefined) return
+  } catch {
+    return
+  }
+  if (target instanceof Headers) target.set(idempotencyHeader, sent!)
+  else target[idempotencyHeader] = sent!
+}
+
+/** A replay is final: asking again gets the same answer, so the retry hint (unless stored) says false. */
+export function hintReplay(headers: Headers, route: RouteConfig): void {
+  if (route.retry_hint_header && !headers.has(route.retry_hint_header)) headers.set(route.retry_hint_header, 'false')
+}

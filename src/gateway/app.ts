@@ -1,0 +1,84 @@
+import { Hono } from 'hono'
+import type { AttestationSigner } from './attest.js'
+import type { Digest } from '../http/body.js'
+import type { Config } from '../config/schema.js'
+import type { Forward } from './forward.js'
+import { noAuthentication, type Authenticate } from '../http/identity.js'
+import { createJobsApp, jobsPath } from '../leases/api.js'
+import type { JobStore } from '../leases/store.js'
+import type { ClaimWake } from '../leases/wake.js'
+import { silentLogger, type Logger } from '../observe/log.js'
+import { noMetrics, type Metrics } from '../observe/metrics.js'
+import { createPipeline } from './pipeline.js'
+import { FencegateError, problemResponse } from '../http/problems.js'
+import { retryAfter } from './retry-hint.js'
+import { staticRules, type RuleSource } from '../rules/registry.js'
+import { StoreError, storeCode } from '../store/db.js'
+import type { Store } from '../store/store.js'
+
+/** What the data plane is built from; every part is injected so each runtime wires its own. */
+export interface AppDeps {
+  config: Config
+  store: Store
+  forward: Forward
+  /** The lease service's statements; without them `/_fencegate/jobs` is not served. */
+  jobs?: JobStore
+  /** Wakes waiting claims; defaults to one LISTEN through `jobs.listenForWork` with a 1 s fallback tick. */
+  claimWake?: ClaimWake
+  /** Defaults to no authentication: every request is tenant `default`. */
+  authenticate?: Authenticate
+  log?: Logger
+  /** The rules requests are judged by; defaults to the configuration file's, as version 0 (src/rules/registry.ts). */
+  rules?: RuleSource
+  /** Defaults to recording nothing; Node passes prom-client metrics (src/runtime/node/metrics.ts). */
+  metrics?: Metrics
+  /** SHA-256 in hex; defaults to Web Crypto, Node passes node:crypto's (src/runtime/node/hash.ts). */
+  digest?: Digest
+  /** Signs `Fence-Attestation` (src/attest.ts); required when a route has `attest: true`. */
+  attest?: AttestationSigner
+}
+
+export type AppEnv = { Variables: { requestId: string } }
+
+const requestIdPattern = /^[A-Za-z0-9._:-]{1,128}$/
+
+/** Accepts a well-formed `X-Request-Id` or makes one, so every answer and log line carries an id. */
+export function requestIdOf(request: Request): string {
+  const given = request.headers.get('x-request-id')
+  return given !== null && requestIdPattern.test(given) ? given : crypto.randomUUID()
+}
+
+/**
+ * Builds the data-plane Hono app. It imports nothing from `node:*`, so the same
+ * core runs on Node and on fetch-based runtimes.
+ *
+ * @example
+ * const app = createApp({ config, store: createStore(await openPglite()), forward: createUndiciForward() })
+ * const res = await app.request('/payments/42/capture', { method: 'POST', headers: { 'x-execution-fence': '7' } })
+ */
+export function createApp(deps: AppDeps): Hono<AppEnv> {
+  const log = deps.log ?? silentLogger
+  const metrics = deps.metrics ?? noMetrics
+  const rules = deps.rules ?? staticRules(deps.config)
+  const handle = createPipeline({ ...deps, authenticate: deps.authenticate ?? noAuthentication, rules, log, metrics })
+  const app = new Hono<AppEnv>()
+  app.use(async (c, next) => {
+    c.set('requestId', requestIdOf(c.req.raw))
+    await next()
+    // The pipeline and problems set it themselves; this covers the job API's own answers.
+    if (!c.res.headers.has('x-request-id')) c.header('x-request-id', c.get('requestId'))
+  })
+  if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log, wake: deps.claimWake, metrics }))
+  app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
+  // The pipeline renders its own failures; this also covers the job API.
+  app.onError((err, c) => {
+    if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
+    if (err instanceof StoreError) {
+      log.error('store_failed', { request_id: c.get('requestId'), store_code: storeCode(err) })
+      return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed', {}, retryAfter(1000)), c.get('requestId'))
+    }
+    log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })
+    return problemResponse(new FencegateError('internal_error'), c.get('requestId'))
+  })
+  return app
+}

@@ -1,0 +1,125 @@
+import { isFormBody, parseFormBody } from '../http/form-body.js'
+import type { Identity } from '../http/identity.js'
+import { FencegateError } from '../http/problems.js'
+import { resolveEntity, type EntitySources, type Route } from './route.js'
+import { entityPolicy } from '../rules/entities.js'
+import type { RuleSet } from '../rules/registry.js'
+
+/**
+ * What a request says about its command, read before the store decides it:
+ * the sources an entity is resolved from, the fence mode and ordering that
+ * apply to it (the route's, unless an entity rule overrides them), a claimed
+ * tenant, and the job behind a lease-bound entity. Pure functions: the
+ * pipeline (src/pipeline.ts) orders them.
+ */
+
+/** The fence mode and the delivery order for one command. */
+export interface CommandPolicy {
+  fence: Route['config']['fence']
+  ordering: Route['config']['ordering']
+  /** The entity, when the entity rules needed it resolved (so it is resolved once). */
+  entity?: string
+}
+
+/**
+ * The route's fence mode and ordering unless an entity rule overrides them (a
+ * lease route's fence mode never is); an entity that a rule freezes is refused
+ * here (`entity_frozen`), before its fence or key is looked at.
+ *
+ * @example
+ * const { fence, ordering } = commandPolicy(route, 'acme', sources, rules.current())
+ */
+export function commandPolicy(route: Route, tenant: string, sources: EntitySources, rules: RuleSet): CommandPolicy {
+  const { config: rc, entity: template } = route
+  if (rules.entityRules.length === 0 || !template) return { fence: rc.fence, ordering: rc.ordering }
+  let entity: string
+  try {
+    entity = resolveEntity(template, sources)
+  } catch {
+    // Unresolvable: no rule can match it, and the fence step reports it if a fence needs it.
+    return { fence: rc.fence, ordering: rc.ordering }
+  }
+  const policy = entityPolicy(rules.entityRules, tenant, entity)
+  if (policy.frozenBy !== undefined) {
+    throw new FencegateError('entity_frozen', `${entity} is frozen by rule ${policy.frozenBy}`, { entity, rule: policy.frozenBy })
+  }
+  return {
+    fence: policy.fence !== undefined && rc.fence !== 'lease' ? policy.fence : rc.fence,
+    ordering: policy.ordering ?? rc.ordering,
+    entity,
+  }
+}
+
+/**
+ * A tenant the request itself names (`claimed_tenant`) is evidence, never
+ * authority: it must agree with the token's tenant or the request is refused.
+ */
+export function checkClaimedTenant(where: string, sources: EntitySources, identity: Identity): void {
+  const claimed = readClaim(where, sources)
+  if (claimed !== undefined && claimed !== identity.tenant) {
+    throw new FencegateError('tenant_mismatch', `the request claims another tenant (${where}) than its token`)
+  }
+}
+
+function readClaim(where: string, sources: EntitySources): string | undefined {
+  const [source, ...path] = where.split('.')
+  if (source === 'header') return sources.headers.get(path[0]!) ?? undefined
+  let node = sources.body()
+  for (const key of path) {
+    if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
+    node = (node as Record<string, unknown>)[key]
+  }
+  return node === undefined ? undefined : String(node)
+}
+
+/**
+ * What an entity template and a claimed tenant may read from a request; the
+ * body is parsed at most once, when read: as a form when its Content-Type says
+ * so (src/form-body.ts), else as JSON.
+ */
+export function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
+  let body: unknown
+  let parsed = false
+  const form = isFormBody(request.headers.get('content-type'))
+  return {
+    params,
+    query: url.searchParams,
+    headers: request.headers,
+    body: () => {
+      if (!parsed) {
+        parsed = true
+        body = form ? parseFormBody(bytes) : parseJson(bytes)
+      }
+      return body
+    },
+  }
+}
+
+function parseJson(bytes: Uint8Array): unknown {
+  try {
+    return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The route's entity for an audit row, or undefined when the route has none or
+ * the request does not resolve it: a refusal for a bad header still names the
+ * entity the command was about, so `GET /audit?entity=` finds it.
+ */
+export function entityOf(route: Route, sources: EntitySources): string | undefined {
+  if (!route.entity) return undefined
+  try {
+    return resolveEntity(route.entity, sources)
+  } catch {
+    return undefined
+  }
+}
+
+/** The job id behind a `fence: lease` entity (`job:42`); an id that cannot exist matches no lease. */
+export function leaseJobOf(mode: string, entity: string | undefined): string | null {
+  if (mode !== 'lease') return null
+  const id = entity?.slice('job:'.length) ?? ''
+  return /^[1-9][0-9]{0,17}$/.test(id) ? id : '0'
+}

@@ -1,0 +1,35 @@
+import type { AttestationSigner } from './attest.js'
+import { sha256Hex, type Digest } from '../http/body.js'
+import type { Config } from '../config/schema.js'
+import type { Forward } from './forward.js'
+import type { Authenticate } from '../http/identity.js'
+import type { Logger } from '../observe/log.js'
+import type { Metrics } from '../observe/metrics.js'
+import type { RuleSource } from '../rules/registry.js'
+import type { Store } from '../store/store.js'
+
+/** What the data-plane pipeline is built from; each runtime injects its own. */
+export interface PipelineDeps {
+  config: Config
+  /** Read once per request: a request is judged by one rule version from start to end. */
+  rules: RuleSource
+  store: Store
+  forward: Forward
+  authenticate: Authenticate
+  log: Logger
+  metrics: Metrics
+  /** SHA-256 for the body, the key and the fingerprint; Web Crypto unless the runtime injects a faster one. */
+  digest?: Digest
+  /** Signs `Fence-Attestation` for routes with `attest: true`; absent when the gateway has no attestation key. */
+  attest?: AttestationSigner
+}
+
+/** The dependencies every step of the pipeline reads, with their defaults settled once. */
+export interface PipelineContext extends PipelineDeps {
+  digest: Digest
+  bodyLimit: number
+}
+
+export function contextOf(deps: PipelineDeps): PipelineContext {
+  return { ...deps, digest: deps.digest ?? sha256Hex, bodyLimit: deps.config.server.max_request_body }
+}

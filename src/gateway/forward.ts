@@ -1,0 +1,65 @@
+import { attestationHeader } from './attest.js'
+import type { RouteConfig } from '../config/schema.js'
+
+/** What the pipeline hands to a Forward: the destination is always the route's upstream. */
+export interface ForwardRequest {
+  route: RouteConfig
+  /** Path and query to request from the route's upstream origin, e.g. `/payments/42/capture?x=1`. */
+  target: string
+  method: string
+  headers: Headers
+  body: Uint8Array | ReadableStream<Uint8Array> | null
+}
+
+/**
+ * Sends one request upstream and resolves with the upstream's response once
+ * its headers arrive; the body streams. Implementations: undici on Node
+ * (`src/runtime/node/forward.ts`), fetch elsewhere. Failures throw ForwardError.
+ */
+export type Forward = (request: ForwardRequest) => Promise<Response>
+
+/**
+ * Why forwarding failed. `sent` tells whether the upstream may have received
+ * the request: a refused connection was not sent, a timeout or reset may have been.
+ */
+export class ForwardError extends Error {
+  override name = 'ForwardError'
+  constructor(readonly kind: 'unreachable' | 'timeout' | 'reset', readonly sent: boolean) {
+    super(`upstream ${kind}`)
+  }
+}
+
+// RFC 9110 §7.6.1 connection-specific fields, plus the ones a proxy must set itself.
+const hopByHop = new Set([
+  'connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection',
+  'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', 'content-length',
+  // The gateway answers 100-continue itself (Node does); undici refuses to send it on.
+  'expect',
+  // Only the gateway says whether an answer is a replay: never pass one through either way.
+  'idempotent-replayed',
+])
+
+function withoutHopByHop(source: Headers): Headers {
+  const listed = new Set((source.get('connection') ?? '').split(',').map((h) => h.trim().toLowerCase()).filter(Boolean))
+  const out = new Headers()
+  source.forEach((value, name) => {
+    if (!hopByHop.has(name) && !listed.has(name)) out.append(name, value)
+  })
+  return out
+}
+
+/** Headers to send upstream: the client's minus hop-by-hop ones (the Forward sets length and host). */
+export function upstreamRequestHeaders(inbound: Headers): Headers {
+  const out = withoutHopByHop(inbound)
+  // Only the gateway attests that a fence check passed: a client's own would be a forgery.
+  out.delete(attestationHeader)
+  return out
+}
+
+/** Headers to return to the client: the upstream's minus hop-by-hop ones, keeping its Content-Length. */
+export function clientResponseHeaders(upstream: Headers): Headers {
+  const out = withoutHopByHop(upstream)
+  const length = upstream.get('content-length')
+  if (length !== null) out.set('content-length', length)
+  return out
+}

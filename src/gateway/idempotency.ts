@@ -1,0 +1,165 @@
+import { concatBytes, sha256Hex, type Digest } from '../http/body.js'
+import { FencegateError } from '../http/problems.js'
+import type { StoredResponse } from '../store/store.js'
+
+/** The request header that names one logical operation. */
+export const idempotencyHeader = 'idempotency-key'
+/** The response header set on every replayed answer (and never passed through from elsewhere). */
+export const replayedHeader = 'idempotent-replayed'
+/** The longest key fencegate accepts. */
+export const maxKeyLength = 255
+
+/**
+ * Parses `Idempotency-Key`: an RFC 9651 sf-string (`"abc"`, with `\"` and `\\`
+ * escapes) or a bare token of 1–255 visible ASCII characters, as Stripe's
+ * clients send. Two headers arrive joined by a comma and are refused, as are
+ * lists, empty and over-long keys. `null` means the header is absent.
+ *
+ * @example parseIdempotencyKey('"order-42"') // 'order-42'
+ * @example parseIdempotencyKey('order-42') // 'order-42'
+ */
+export function parseIdempotencyKey(value: string | null): string | undefined {
+  if (value === null) return undefined
+  const invalid = (why: string) => new FencegateError('invalid_idempotency_key', `Idempotency-Key ${why}`)
+  let key: string
+  if (value.startsWith('"')) {
+    const m = /^"((?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\["\\])*)"$/.exec(value)
+    if (!m) throw invalid('must be one sf-string ("...") or one bare token')
+    key = m[1]!.replace(/\\(["\\])/g, '$1')
+  } else {
+    if (!/^[\x21-\x7E]*$/.test(value) || value.includes(',')) throw invalid('must be one sf-string ("...") or one bare token of visible ASCII characters')
+    key = value
+  }
+  if (key.length === 0) throw invalid('is empty')
+  if (key.length > maxKeyLength) throw invalid(`is longer than ${maxKeyLength} characters`)
+  return key
+}
+
+/**
+ * The payload's identity: SHA-256 over method, route name, path, query and the
+ * SHA-256 of the raw body bytes, taken before anything transforms the request.
+ * The body's hash is the one already recorded for the command, so the body is
+ * hashed once. The fence is not part of it, so a new owner retrying the same
+ * operation gets the replay. Path and query cannot contain a newline, route
+ * names cannot either, and the body's hash is 64 hex digits, so the input is
+ * unambiguous.
+ *
+ * @example
+ * await payloadFingerprint('POST', 'capture', '/payments/42/capture', '', await sha256Hex(body))
+ */
+export async function payloadFingerprint(method: string, route: string, path: string, query: string, bodySha256: string, digest: Digest = sha256Hex): Promise<string> {
+  return digest(new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n${bodySha256}`))
+}
+
+/**
+ * The same fingerprint from the raw body bytes, for callers that have not hashed the body yet.
+ *
+ * @example
+ * await fingerprint('POST', 'capture', '/payments/42/capture', '', new TextEncoder().encode('{}'))
+ */
+export async function fingerprint(method: string, route: string, path: string, query: string, body: Uint8Array, digest: Digest = sha256Hex): Promise<string> {
+  return payloadFingerprint(method, route, path, query, await digest(body), digest)
+}
+
+// Only these describe the result itself; Set-Cookie, Date, hop-by-hop and rate-limit headers never replay.
+const replayableHeaders = ['content-type', 'location', 'content-location', 'etag', 'last-modified', 'link']
+
+/** The allow-listed headers of an upstream response, plus a route's `replay_headers`, as stored for replay. */
+export function storedHeaders(headers: Headers, extra: readonly string[] = []): [string, string][] {
+  return [...replayableHeaders, ...extra.filter((name) => !replayableHeaders.includes(name))].flatMap((name) => {
+    const value = headers.get(name)
+    return value === null ? [] : [[name, value] as [string, string]]
+  })
+}
+
+/** Rebuilds a stored response, byte for byte, marked as a replay. */
+export function replayResponse(stored: StoredResponse, requestId: string): Response {
+  const headers = new Headers(stored.headers)
+  headers.set(replayedHeader, 'true')
+  headers.set('x-request-id', requestId)
+  const empty = stored.status === 204 || stored.status === 304
+  return new Response(empty ? null : (stored.body as Uint8Array<ArrayBuffer>), { status: stored.status, headers })
+}
+
+/** How a captured response ended. */
+export type Captured =
+  | { kind: 'complete'; body: Uint8Array }
+  | { kind: 'too_large' }
+  | { kind: 'broken' }
+
+/**
+ * Streams an upstream body to the client while keeping a copy of up to
+ * `limit` bytes. The stream closes only after `settle` (which stores the
+ * outcome) resolves; the pipeline drops Content-Length from such responses, so
+ * a client cannot consider the answer complete before its record is durable,
+ * and a duplicate sent right after it gets the replay. If the client goes
+ * away the copy keeps reading, so the record is settled all the same.
+ */
+export function captureBody(body: ReadableStream<Uint8Array> | null, limit: number, settle: (captured: Captured) => Promise<void>): ReadableStream<Uint8Array> {
+  const reader = body?.getReader()
+  const chunks: Uint8Array[] = []
+  let size = 0
+  let clientGone = false
+  let settled: Promise<void> | undefined
+  const finish = (captured: Captured) => (settled ??= settle(captured))
+
+  // One read at a time: a cancel can arrive while a pull is still reading.
+  let busy: Promise<unknown> = Promise.resolve()
+  const step = (): Promise<Uint8Array | undefined> => {
+    const next = busy.catch(() => {}).then(readOnce)
+    busy = next
+    return next
+  }
+  /** Reads one chunk; undefined once the body ended and the outcome is settled. */
+  const readOnce = async (): Promise<Uint8Array | undefined> => {
+    if (settled) return undefined
+    if (!reader) {
+      await finish({ kind: 'complete', body: new Uint8Array(0) })
+      return undefined
+    }
+    let next
+    try {
+      next = await reader.read()
+    } catch (err) {
+      await finish({ kind: 'broken' })
+      throw err
+    }
+    if (next.done) {
+      await finish(size <= limit ? { kind: 'complete', body: concatBytes(chunks, size) } : { kind: 'too_large' })
+      return undefined
+    }
+    size += next.value.byteLength
+    if (size <= limit) chunks.push(next.value)
+    else chunks.length = 0
+    return next.value
+  }
+  // Once the client is gone, read the rest so the record still settles; past the limit nothing is kept.
+  const drain = async () => {
+    try {
+      while (!settled) {
+        if (size > limit) {
+          await busy.catch(() => {})
+          await reader?.cancel()
+          await finish({ kind: 'too_large' })
+          return
+        }
+        await step()
+      }
+    } catch {
+      // settled as broken by readOnce
+    }
+  }
+
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const chunk = await step()
+      if (clientGone) return
+      if (chunk) controller.enqueue(chunk)
+      else controller.close()
+    },
+    cancel() {
+      clientGone = true
+      void drain()
+    },
+  }, { highWaterMark: 0 })
+}

@@ -1,0 +1,58 @@
+import { FencegateError } from '../http/problems.js'
+import type { RuleSet } from '../rules/registry.js'
+import type { IdempotencyClaim } from '../store/store.js'
+import { checkClaimedTenant, commandPolicy, entityOf, entitySources, type CommandPolicy } from './command.js'
+import type { PipelineContext } from './context.js'
+import { fenceHeader, parseFence } from './fence.js'
+import { idempotencyHeader, parseIdempotencyKey, payloadFingerprint } from './idempotency.js'
+import { resolveEntity } from './route.js'
+import type { Trace } from './trace.js'
+
+/** The request as the command parser reads it: its headers, its URL, the route's params and the body's bytes. */
+export interface CommandInput {
+  request: Request
+  url: URL
+  params: Record<string, string>
+  bytes: Uint8Array
+}
+
+/**
+ * Parses the fence and the key and resolves the entity (recording each on the trace);
+ * returns the key's claim, or null when the request carries no key.
+ */
+export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: CommandInput, trace: Trace, rules: RuleSet): Promise<IdempotencyClaim | null> {
+  const { request, url, params, bytes } = input
+  const route = trace.route!
+  const rc = route.config
+  const sources = entitySources(request, url, params, bytes)
+  trace.auditEntity = () => entityOf(route, sources)
+  let policy: CommandPolicy
+  try {
+    policy = commandPolicy(route, trace.identity!.tenant, sources, rules)
+  } catch (err) {
+    // A frozen entity: its audit row names it.
+    if (err instanceof FencegateError && err.code === 'entity_frozen') trace.entity = String(err.extras.entity)
+    throw err
+  }
+  trace.ordering = policy.ordering
+  if (policy.fence !== 'off') {
+    trace.fence = parseFence(request.headers.get(fenceHeader))
+    if (trace.fence === undefined && (policy.fence === 'required' || policy.fence === 'lease')) throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
+  }
+  if (rc.idempotency !== 'off') {
+    trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
+    if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
+  }
+  if (rc.claimed_tenant) checkClaimedTenant(rc.claimed_tenant, sources, trace.identity!)
+  if (trace.fence !== undefined) trace.entity = policy.entity ?? resolveEntity(route.entity!, sources)
+  if (trace.key === undefined) return null
+  trace.keySha256 = await ctx.digest(new TextEncoder().encode(trace.key))
+  return {
+    key: trace.key,
+    fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest),
+    ownerToken: crypto.randomUUID(),
+    lockMs: rc.idempotency_lock,
+    ttlMs: rc.idempotency_ttl,
+    retryUnknown: rc.on_unknown_outcome === 'retry' || rc.upstream_dedupes_keys,
+  }
+}

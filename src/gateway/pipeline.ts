@@ -1,0 +1,166 @@
+import { limitBody, readBody } from '../http/body.js'
+import { requireScopes } from '../http/identity.js'
+import { FencegateError } from '../http/problems.js'
+import type { RuleSet } from '../rules/registry.js'
+import { StoreError, storeCode } from '../store/db.js'
+import type { Command, Held, SlotRequest as Slot } from '../store/store.js'
+import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
+import { audited } from './audited.js'
+import { entityOf, entitySources, leaseJobOf } from './command.js'
+import { contextOf, type PipelineContext, type PipelineDeps } from './context.js'
+import { clientResponseHeaders } from './forward.js'
+import { giveSlotBack, takeSlot } from './ordering.js'
+import { logged, settleResponse } from './outcome.js'
+import { parseCommand, type CommandInput } from './parse-command.js'
+import { answerReservation, reserve } from './reservation.js'
+import { retryAfter, withRetryHint } from './retry-hint.js'
+import type { Route } from './route.js'
+import { logDecision, timed, type Trace } from './trace.js'
+import { forwardUpstream } from './upstream.js'
+
+export type { PipelineDeps } from './context.js'
+export type { Trace } from './trace.js'
+
+// A delivery slot outlives the upstream timeout a little, so it never frees before the forward gave up.
+const slotMarginMs = 1000
+
+/** The request body as the pipeline holds it: bytes when checked (hashed, parsed), else a counted stream. */
+interface HeldBody {
+  bytes: Uint8Array | undefined
+  body: Uint8Array | ReadableStream<Uint8Array> | null
+  exceeded: () => boolean
+}
+
+/**
+ * The data-plane request pipeline, top to bottom:
+ * route → identity → body → fence and key → reserve → (delivery slot) → forward → record → respond.
+ * Each step is a function of its own module over the request and the trace; this one only
+ * orders them. Every error it throws is a FencegateError that the app renders as problem+json.
+ *
+ * @example
+ * const handle = createPipeline({ config, rules: staticRules(config), store, forward, authenticate, log, metrics })
+ * const response = await handle(request, crypto.randomUUID())
+ */
+export function createPipeline(deps: PipelineDeps) {
+  const ctx = contextOf(deps)
+  return async function handle(request: Request, requestId: string): Promise<Response> {
+    const started = performance.now()
+    const url = new URL(request.url)
+    const trace: Trace = { requestId, method: request.method, path: url.pathname }
+    try {
+      // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
+      const { route, params, rules } = matchRoute(ctx, request, url, trace)
+      // 2. Identity: the tenant comes from the verified token, never from the request.
+      trace.identity = await ctx.authenticate(request)
+      await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
+      // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
+      const body = await takeBody(ctx, request, route, trace)
+      // 4. Fence and key: parse both, resolve the entity, then reserve in one statement.
+      const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes }, trace, rules) : {}
+      if (reserved.replay) {
+        echoIdempotencyKey(reserved.replay.headers, request, route.config)
+        hintReplay(reserved.replay.headers, route.config)
+        logDecision(ctx, trace, 'replayed', reserved.replay.status, started)
+        return reserved.replay
+      }
+      const held = reserved.held
+      // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
+      const slot = await takeDeliverySlot(ctx, trace, held)
+      // 5. Forward to the route's upstream.
+      let upstream: Response
+      try {
+        upstream = await timed(trace, 'upstreamMs', () => forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace))
+      } finally {
+        // The upstream has answered (or failed): the next command for this entity may go.
+        if (slot) await giveSlotBack(ctx.store, ctx.log, requestId, slot)
+      }
+      // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
+      return await respond(ctx, request, upstream, held, trace, started)
+    } catch (err) {
+      throw rejected(ctx, err, request, trace, started)
+    }
+  }
+}
+
+function matchRoute(ctx: PipelineContext, request: Request, url: URL, trace: Trace): { route: Route; params: Record<string, string>; rules: RuleSet } {
+  const rules = ctx.rules.current()
+  trace.ruleVersion = rules.version
+  const match = rules.router.match(request.method, url.pathname)
+  if (!match) throw new FencegateError('no_route', `no route for ${request.method} ${url.pathname}`)
+  trace.route = match.route
+  trace.auditEntity = () => entityOf(match.route, entitySources(request, url, match.params, new Uint8Array(0)))
+  return { ...match, rules }
+}
+
+async function takeBody(ctx: PipelineContext, request: Request, route: Route, trace: Trace): Promise<HeldBody> {
+  const rc = route.config
+  const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
+  if (!checked) {
+    const limited = limitBody(request, ctx.bodyLimit)
+    return { bytes: undefined, body: limited.body, exceeded: limited.exceeded }
+  }
+  const bytes = await audited(ctx, trace, async () => {
+    const read = await readBody(request, ctx.bodyLimit)
+    trace.bodySha256 = await ctx.digest(read)
+    return read
+  })
+  return { bytes, body: bytes, exceeded: () => false }
+}
+
+/** Parses and reserves a checked command: a replay to answer at once, or the key now held (if any). */
+async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: Trace, rules: RuleSet): Promise<{ replay?: Response; held?: Held }> {
+  const claim = await audited(ctx, trace, () => parseCommand(ctx, input, trace, rules))
+  if (trace.fence === undefined && !claim) return {}
+  const rc = trace.route!.config
+  const identity = trace.identity!
+  const command: Command = {
+    tenant: identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
+    method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
+    caller: identity.caller, requestId: trace.requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
+  }
+  const replay = await answerReservation(ctx, await reserve(ctx, command, trace), command, trace)
+  if (replay) return { replay }
+  return claim ? { held: { tenant: identity.tenant, key: claim.key, ownerToken: claim.ownerToken } } : {}
+}
+
+async function takeDeliverySlot(ctx: PipelineContext, trace: Trace, held: Held | undefined): Promise<Slot | undefined> {
+  if (trace.ordering !== 'serialize' || trace.fence === undefined || trace.entity === undefined) return undefined
+  const rc = trace.route!.config
+  const slot: Slot = { tenant: trace.identity!.tenant, entity: trace.entity, fence: trace.fence, token: crypto.randomUUID(), holdMs: rc.timeout_ms + slotMarginMs }
+  try {
+    await audited(ctx, trace, () => takeSlot(ctx.store, slot, rc.ordering_wait))
+    return slot
+  } catch (err) {
+    // Nothing was sent: the key is free for the next attempt.
+    if (held) await logged(ctx.log, trace.requestId, 'release', () => ctx.store.release(held))
+    throw err
+  }
+}
+
+async function respond(ctx: PipelineContext, request: Request, upstream: Response, held: Held | undefined, trace: Trace, started: number): Promise<Response> {
+  const rc = trace.route!.config
+  const headers = clientResponseHeaders(upstream.headers)
+  headers.set('x-request-id', trace.requestId)
+  echoIdempotencyKey(headers, request, rc)
+  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : upstream.body
+  // A captured body ends only once its record is stored; a length would let the client finish earlier.
+  if (held && responseBody !== upstream.body) headers.delete('content-length')
+  logDecision(ctx, trace, 'forwarded', upstream.status, started)
+  return new Response(responseBody, { status: upstream.status, statusText: upstream.statusText, headers })
+}
+
+/** The problem a failure becomes, logged and counted: store failures fail closed as 503; anything unexpected is an internal error. */
+function rejected(ctx: PipelineContext, err: unknown, request: Request, trace: Trace, started: number): FencegateError {
+  const problem = withRetryHint(toProblem(err), trace.route?.config)
+  if (trace.route) echoIdempotencyKey(problem.headers, request, trace.route.config)
+  if (problem.code === 'internal_error') ctx.log.error('internal_error', { request_id: trace.requestId, error: (err as Error)?.name ?? typeof err })
+  if (err instanceof StoreError) ctx.log.error('store_failed', { request_id: trace.requestId, store_code: storeCode(err) })
+  logDecision(ctx, trace, 'rejected', problem.status, started, problem.code)
+  return problem
+}
+
+function toProblem(err: unknown): FencegateError {
+  if (err instanceof FencegateError) return err
+  if (err instanceof StoreError) return new FencegateError('store_unavailable', 'the store could not record this command, so it was not forwarded', {}, retryAfter(1000))
+  return new FencegateError('internal_error', 'an unexpected error occurred')
+}

@@ -1,0 +1,135 @@
+import { FencegateError } from '../http/problems.js'
+import type { RouteConfig } from '../config/schema.js'
+import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
+
+export { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix, type EntityTemplate, type PathPattern } from '../config/templates.js'
+
+/** A route ready to match requests. */
+export interface Route {
+  config: RouteConfig
+  pattern: PathPattern
+  entity: EntityTemplate | undefined
+  /** Headers the fence decision reads (entity sources, claimed tenant): always forwarded as read. */
+  decisionHeaders: string[]
+}
+
+export function compileRoute(config: RouteConfig): Route {
+  const pattern = compilePathPattern(config.path)
+  const entity = config.entity === undefined ? undefined : compileEntityTemplate(config.entity)
+  const missing = entity?.params.find((p) => !pattern.params.includes(p))
+  if (missing) throw new Error(`route ${config.name}: entity uses params.${missing}, which ${config.path} does not define`)
+  const decisionHeaders = (entity?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
+  if (config.claimed_tenant?.startsWith('header.')) decisionHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
+  return { config, pattern, entity, decisionHeaders }
+}
+
+export interface RouteMatch { route: Route; params: Record<string, string> }
+
+/**
+ * Finds the route for a method and a normalised pathname; params are percent-decoded.
+ * When several routes match, the most specific wins: reading segments left to
+ * right, the first literal segment where another route has a parameter.
+ *
+ * @example
+ * const router = createRouter(config.routes)
+ * router.match('POST', '/payments/42/capture') // { route, params: { invoice_id: '42' } }
+ */
+export function createRouter(routes: RouteConfig[]) {
+  // The most specific route wins, so that where a route sits in the file or in the
+  // rules table (which has no order) never decides where a request goes.
+  const compiled = routes.map(compileRoute).sort((a, b) => bySpecificity(a.pattern.segments, b.pattern.segments))
+  return {
+    routes: compiled,
+    match(method: string, pathname: string): RouteMatch | undefined {
+      const segments = pathname.split('/').slice(1)
+      for (const route of compiled) {
+        if (route.config.method !== method || route.pattern.segments.length !== segments.length) continue
+        const params = matchSegments(route.pattern.segments, segments)
+        if (params) return { route, params }
+      }
+      return undefined
+    },
+  }
+}
+export type Router = ReturnType<typeof createRouter>
+
+/** Left to right, the first position where one pattern has a literal and the other a parameter decides. */
+function bySpecificity(a: Segment[], b: Segment[]): number {
+  for (let i = 0; i < Math.min(a.length, b.length); i++) {
+    const la = 'literal' in a[i]!
+    const lb = 'literal' in b[i]!
+    if (la !== lb) return la ? -1 : 1
+  }
+  return 0
+}
+
+function matchSegments(pattern: Segment[], segments: string[]): Record<string, string> | undefined {
+  const params: Record<string, string> = {}
+  for (let i = 0; i < pattern.length; i++) {
+    const p = pattern[i]!
+    const s = segments[i]!
+    if ('literal' in p) {
+      if (p.literal !== s) return undefined
+    } else {
+      if (s === '') return undefined
+      try {
+        params[p.param] = decodeURIComponent(s)
+      } catch {
+        throw new FencegateError('invalid_request', `path segment ${i + 1} is not valid percent-encoding`)
+      }
+    }
+  }
+  return params
+}
+
+/** What an entity template may read from a request. */
+export interface EntitySources {
+  params: Record<string, string>
+  query: URLSearchParams
+  headers: Headers
+  /** The parsed body (a form, when its Content-Type says so, else JSON), or undefined when it does not parse. */
+  body(): unknown
+}
+
+/**
+ * Resolves an entity template against a request, or throws `entity_unresolved`.
+ *
+ * @example resolveEntity(compileEntityTemplate('invoice:{params.id}'), sources) // 'invoice:42'
+ */
+export function resolveEntity(template: EntityTemplate, sources: EntitySources): string {
+  let entity = ''
+  for (const part of template.parts) {
+    if ('literal' in part) {
+      entity += part.literal
+      continue
+    }
+    const value = readSource(part, sources)
+    if (value === undefined || value === '') {
+      const where = part.source === 'body' ? `body.${part.path.join('.')}` : `${part.source}.${part.name}`
+      throw new FencegateError('entity_unresolved', `${where} is missing from the request`, { source: where })
+    }
+    entity += value
+  }
+  if (entity.length > maxEntityLength) throw new FencegateError('entity_unresolved', `the entity is longer than ${maxEntityLength} characters`)
+  if (!isStorableText(entity)) throw new FencegateError('entity_unresolved', 'the entity contains control characters or invalid Unicode')
+  return entity
+}
+
+function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntitySources): string | undefined {
+  switch (part.source) {
+    case 'params': return s.params[part.name]
+    case 'query': return s.query.get(part.name) ?? undefined
+    case 'header': return s.headers.get(part.name) ?? undefined
+    case 'body': {
+      let node: unknown = s.body()
+      for (const key of part.path) {
+        if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
+        node = (node as Record<string, unknown>)[key]
+      }
+      if (typeof node === 'string') return node
+      // Beyond 2^53 two different ids would parse to one number and share a fence.
+      if (typeof node === 'number' && Number.isSafeInteger(node)) return String(node)
+      return undefined
+    }
+  }
+}

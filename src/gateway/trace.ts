@@ -1,0 +1,54 @@
+import type { Identity } from '../http/identity.js'
+import type { ProblemCode } from '../http/problems.js'
+import type { Logger } from '../observe/log.js'
+import type { Metrics, RequestOutcome } from '../observe/metrics.js'
+import type { Route } from './route.js'
+
+/** What the pipeline learned about a request; logged once per decision, never with a body. */
+export interface Trace {
+  requestId: string
+  method: string
+  path: string
+  route?: Route
+  identity?: Identity
+  entity?: string
+  /** The route's entity as far as the request resolves it, for audit rows of refusals decided before the fence. */
+  auditEntity?: () => string | undefined
+  fence?: string
+  key?: string
+  keySha256?: string
+  bodySha256?: string | null
+  ruleVersion?: number
+  /** The delivery order the route or an entity rule asks for. */
+  ordering?: 'none' | 'serialize'
+  /** Milliseconds spent in store statements and in the forward step, for the decision's log line. */
+  storeMs?: number
+  upstreamMs?: number
+}
+
+/** Runs a step, adding its duration to the trace's store or upstream time, whether it succeeds or throws. */
+export async function timed<T>(trace: Trace, into: 'storeMs' | 'upstreamMs', step: () => Promise<T>): Promise<T> {
+  const started = performance.now()
+  try {
+    return await step()
+  } finally {
+    trace[into] = (trace[into] ?? 0) + performance.now() - started
+  }
+}
+
+function roundMs(ms: number | undefined): number | undefined {
+  return ms === undefined ? undefined : Math.round(ms * 100) / 100
+}
+
+/** The decision's one log line and its metrics: identifiers, hashes and durations, never a body. */
+export function logDecision(ctx: { log: Logger; metrics: Metrics }, trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
+  const durationMs = performance.now() - started
+  const route = trace.route?.config.name
+  ctx.metrics.request({ route, outcome, code, durationMs })
+  if (route !== undefined && trace.upstreamMs !== undefined) ctx.metrics.upstream({ route, durationMs: trace.upstreamMs })
+  ctx.log.info('request', {
+    request_id: trace.requestId, route, method: trace.method, tenant: trace.identity?.tenant,
+    entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
+    duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
+  })
+}

@@ -1,0 +1,70 @@
+import { FencegateError } from '../http/problems.js'
+import type { Held } from '../store/store.js'
+import { attestationHeader, attestCommand } from './attest.js'
+import type { PipelineContext } from './context.js'
+import { fenceHeader } from './fence.js'
+import { ForwardError, upstreamRequestHeaders } from './forward.js'
+import { logged } from './outcome.js'
+import { forwardFailureRetry } from './retry-hint.js'
+import type { Route } from './route.js'
+import type { Trace } from './trace.js'
+
+/** What goes upstream: the request, its body (buffered or streaming) and the key held for it, if any. */
+export interface Outgoing {
+  request: Request
+  url: URL
+  route: Route
+  body: Uint8Array | ReadableStream<Uint8Array> | null
+  /** True once a streamed body passed the size limit (the forward then failed because of it). */
+  bodyExceeded: () => boolean
+  held: Held | undefined
+}
+
+/** The headers the upstream gets: filtered, the route's own, the decision headers as read, and the attestation last. */
+async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Headers> {
+  const { request, route } = o
+  const headers = upstreamRequestHeaders(request.headers)
+  headers.set('x-request-id', trace.requestId)
+  // The caller's credentials are for fencegate; the upstream gets the route's own unless told otherwise.
+  if (!route.config.forward_authorization) headers.delete('authorization')
+  for (const [name, value] of Object.entries(route.config.upstream_headers)) headers.set(name, value)
+  // Re-set after filtering: a client naming them in `Connection` must not hide from the upstream
+  // the fence, or a header the entity or the claimed tenant was read from.
+  for (const name of [fenceHeader, ...route.decisionHeaders]) {
+    const value = request.headers.get(name)
+    if (value !== null) headers.set(name, value)
+  }
+  // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
+  headers.delete(attestationHeader)
+  if (route.config.attest && trace.fence !== undefined) {
+    try {
+      headers.set(attestationHeader, await attestCommand(ctx.attest, trace, o.url, route.config))
+    } catch (err) {
+      // Nothing was sent: the key is free for the next attempt.
+      if (o.held) await logged(ctx.log, trace.requestId, 'release', () => ctx.store.release(o.held!))
+      throw err
+    }
+  }
+  return headers
+}
+
+/**
+ * Forwards to the route's upstream (the target path is the one that matched). A failure
+ * settles the held key first: nothing sent frees it, possibly sent marks its outcome unknown.
+ */
+export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Response> {
+  const { route, held } = o
+  const headers = await outgoingHeaders(ctx, o, trace)
+  try {
+    return await ctx.forward({ route: route.config, target: o.url.pathname + o.url.search, method: o.request.method, headers, body: o.body })
+  } catch (err) {
+    if (o.bodyExceeded()) throw new FencegateError('body_too_large', `the request body exceeds ${ctx.bodyLimit} bytes`)
+    if (!(err instanceof ForwardError)) throw err
+    if (held) await logged(ctx.log, trace.requestId, err.sent ? 'mark_unknown' : 'release', () => (err.sent ? ctx.store.markUnknown(held) : ctx.store.release(held)))
+    const retry = forwardFailureRetry({ sent: err.sent, keyed: held !== undefined, upstreamDedupesKeys: route.config.upstream_dedupes_keys })
+    if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`, {}, retry)
+    throw new FencegateError('upstream_unreachable', err.sent
+      ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
+      : 'the upstream refused or could not be reached; nothing was sent', {}, retry)
+  }
+}

@@ -1,0 +1,177 @@
+import { serve, type ServerType } from '@hono/node-server'
+import { readFileSync } from 'node:fs'
+import type { IncomingMessage } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { createAdminApp } from '../../admin/app.js'
+import { createAttestationSigner, type AttestationSigner } from '../../gateway/attest.js'
+import { createApp, requestIdOf } from '../../gateway/app.js'
+import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
+import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
+import { createJobStore } from '../../leases/store.js'
+import { unsafeTarget } from './target.js'
+import type { Logger } from '../../observe/log.js'
+import { instrument, readStoreGauges } from '../../observe/metrics.js'
+import { createPinoLogger } from './log.js'
+import { createPromMetrics } from './metrics.js'
+import { createUndiciForward } from './forward.js'
+import { nodeSha256Hex } from './hash.js'
+import { storeCode, type Db } from '../../store/db.js'
+import { migrate } from '../../store/migrate.js'
+import { loadMigrations } from '../../store/migrations-fs.js'
+import { openPglite } from '../../store/pglite.js'
+import { connectPostgres, type PostgresOptions } from '../../store/postgres.js'
+import { createStore, type Store } from '../../store/store.js'
+import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
+import { purgeOnce } from '../retention.js'
+
+/** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
+export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
+  return explicit || config.store.url || env.DATABASE_URL || undefined
+}
+
+/** Opens the Db for a URL (PostgreSQL) or a data directory (embedded PGlite) and migrates it. */
+export async function openDb(url: string | undefined, dataDir: string, options: PostgresOptions = {}): Promise<Db> {
+  const db = url ? connectPostgres(url, options) : await openPglite(dataDir)
+  try {
+    await migrate(db, loadMigrations())
+    return db
+  } catch (err) {
+    await db.close().catch(() => {})
+    throw err
+  }
+}
+
+export interface RunningGateway {
+  dataUrl: string
+  adminUrl: string
+  store: Store
+  /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes pools and the store. */
+  close(graceMs?: number): Promise<void>
+}
+
+/**
+ * Starts both planes on Node: the data plane on `server.host:port`, the admin
+ * plane on `server.admin_host:admin_port`.
+ *
+ * @example
+ * const gw = await startGateway({ config, databaseUrl: process.env.DATABASE_URL })
+ * console.log(gw.dataUrl)
+ */
+export async function startGateway(options: {
+  config: Config
+  databaseUrl?: string
+  log?: Logger
+  /** How often the rules' version is checked when a notification was missed (default 1 s). */
+  rulesCheckEveryMs?: number
+}): Promise<RunningGateway> {
+  const { config } = options
+  const log = options.log ?? createPinoLogger(config.log.level)
+  // Key material first: a bad key file must fail before the store (and its lock) is opened.
+  const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
+  const attest = await attestationSigner(config)
+  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler })
+  const metrics = createPromMetrics({
+    readGauges: () => readStoreGauges(db),
+    ruleVersion: () => rules.current().version,
+    onGaugeError: (err) => log.warn('metrics_gauges_failed', { store_code: storeCode(err) }),
+  })
+  // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
+  const store = instrument(createStore(db, { schedule: setImmediate }), metrics)
+  let rules: RuleRegistry
+  try {
+    rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })
+  } catch (err) {
+    await store.close()
+    throw err
+  }
+  const upstream = createUndiciForward()
+  const jobs = instrument(createJobStore(db), metrics)
+  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
+  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  let data: ServerType | undefined
+  let adminServer: ServerType | undefined
+  try {
+    data = await listen(guarded(app.fetch), config.server.host, config.server.port, config.server.max_header_bytes)
+    adminServer = await listen(guarded(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
+  } catch (err) {
+    data?.close()
+    await upstream.close()
+    await rules.close()
+    await store.close()
+    throw err
+  }
+  // Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
+  const purge = setInterval(() => {
+    purgeOnce(store, config, metrics).catch(() => log.warn('purge_failed'))
+    // Finished jobs past job_retention, 1000 at a time (src/leases/retention.ts).
+    jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
+  }, 60_000)
+  purge.unref()
+  const dataUrl = urlOf(data, config.server.host)
+  const adminUrl = urlOf(adminServer, config.server.admin_host)
+  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length })
+  return {
+    dataUrl,
+    adminUrl,
+    store,
+    async close(graceMs = 10_000) {
+      clearInterval(purge)
+      await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
+      await upstream.close()
+      await rules.close()
+      await store.close()
+    },
+  }
+}
+
+type Fetch = (request: Request, env: { incoming?: IncomingMessage }) => Response | Promise<Response>
+
+/** Checks the raw request target before the URL parser normalises it away. */
+export function guarded(fetch: (request: Request, env: never) => Response | Promise<Response>): Fetch {
+  return (request, env) => unsafeTarget(env.incoming?.url, requestIdOf(request)) ?? fetch(request, env as never)
+}
+
+/** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */
+export function verificationKeys(auth: AuthConfig): VerificationKeys {
+  if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url }
+  if (auth.public_keys) return { kind: 'public', keys: auth.public_keys.map((k) => ({ pem: readFileSync(k.file, 'utf8'), alg: k.alg })) }
+  return { kind: 'hmac', secret: auth.hs256_secret ?? '' }
+}
+
+/** The signer of `Fence-Attestation`, from `attestation.key_file`; undefined without an `attestation` section. */
+export async function attestationSigner(config: Pick<Config, 'attestation'>): Promise<AttestationSigner | undefined> {
+  if (!config.attestation) return undefined
+  let pem: string
+  try {
+    pem = readFileSync(config.attestation.key_file, 'utf8')
+  } catch (err) {
+    throw new ConfigError([`attestation.key_file: cannot read ${config.attestation.key_file} (${(err as { code?: string }).code ?? 'error'})`])
+  }
+  return createAttestationSigner(config.attestation, pem)
+}
+
+/** Serves a Hono app's fetch on Node, with the raw-target guard. */
+export function listen(fetch: Fetch, hostname: string, port: number, maxHeaderSize: number): Promise<ServerType> {
+  return new Promise((resolve, reject) => {
+    const server = serve({ fetch: fetch as never, hostname, port, serverOptions: { maxHeaderSize } }, () => resolve(server))
+    server.once('error', reject)
+  })
+}
+
+function urlOf(server: ServerType, host: string): string {
+  const { port } = server.address() as AddressInfo
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
+}
+
+function stop(server: ServerType, graceMs: number): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      if ('closeAllConnections' in server) server.closeAllConnections()
+    }, graceMs)
+    server.close(() => {
+      clearTimeout(timer)
+      resolve()
+    })
+    if ('closeIdleConnections' in server) server.closeIdleConnections()
+  })
+}

@@ -1,0 +1,110 @@
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client'
+import type { Metrics, MetricsExposition, StoreGauges } from '../../observe/metrics.js'
+
+/** Seconds; from a fast local statement to an upstream near its timeout. */
+const latencyBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+/** Seconds; lease lengths run from seconds to minutes. */
+const leaseBuckets = [0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 120, 300, 600]
+
+export interface PromMetrics extends Metrics, MetricsExposition {
+  /** The registry behind it (its own, never prom-client's global one). */
+  readonly registry: Registry
+}
+
+export interface PromMetricsOptions {
+  /** Reads the database's counts, once per scrape. */
+  readGauges?: () => Promise<StoreGauges>
+  /** The version of the rules requests are judged by now, read once per scrape. */
+  ruleVersion?: () => number
+  onGaugeError?: (err: unknown) => void
+}
+
+/**
+ * Metrics for Node on prom-client, in a registry of their own so two gateways
+ * in one process (tests, embedding) never share or clash. The gauges whose
+ * truth lives elsewhere (the database's counts, the rules version) are read
+ * at scrape time.
+ *
+ * @example
+ * const metrics = createPromMetrics({ readGauges: () => readStoreGauges(db) })
+ * const admin = createAdminApp({ store, metrics })
+ */
+export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics {
+  const registry = new Registry()
+  const registers = [registry]
+  collectDefaultMetrics({ register: registry })
+
+  const requests = new Counter({ name: 'fencegate_requests_total', help: 'Data-plane requests by route, outcome (forwarded, replayed, rejected) and problem code', labelNames: ['route', 'outcome', 'code'], registers })
+  const requestSeconds = new Histogram({ name: 'fencegate_request_duration_seconds', help: 'Data-plane time to decide and answer (to the response headers), by route and outcome', labelNames: ['route', 'outcome'], buckets: latencyBuckets, registers })
+  const upstreamSeconds = new Histogram({ name: 'fencegate_upstream_duration_seconds', help: 'Upstream time to response headers per forward attempt, answered or not, by route', labelNames: ['route'], buckets: latencyBuckets, registers })
+  const storeSeconds = new Histogram({ name: 'fencegate_store_duration_seconds', help: 'Store statement latency by call and result (ok, error)', labelNames: ['call', 'result'], buckets: latencyBuckets, registers })
+  const fenceUpdates = new Counter({ name: 'fencegate_highest_fence_updates_total', help: 'Fences accepted as their entity\'s highest fence (replays included), by route', labelNames: ['route'], registers })
+  const ruleVersion = options.ruleVersion
+  if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
+  const idempotency = new Gauge({ name: 'fencegate_idempotency_records', help: 'Unexpired idempotency records by state, read at scrape time', labelNames: ['state'], registers })
+  const jobs = new Gauge({ name: 'fencegate_jobs', help: 'Jobs by type and state, read at scrape time', labelNames: ['type', 'state'], registers })
+  const expired = new Gauge({ name: 'fencegate_jobs_lease_expired', help: 'Running jobs whose lease has expired by the database clock and that no one has reclaimed yet, read at scrape time', labelNames: ['type'], registers })
+  const gaugeFailures = new Counter({ name: 'fencegate_gauge_read_failures_total', help: 'Scrapes whose database gauges could not be read (they are then left out)', registers })
+  const claims = new Counter({ name: 'fencegate_job_claims_total', help: 'Jobs claimed, by type (reclaims included)', labelNames: ['type'], registers })
+  const releases = new Counter({ name: 'fencegate_job_releases_total', help: 'Jobs given back by their live owner (release), by type', labelNames: ['type'], registers })
+  const jobsPurged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
+  const reclaims = new Counter({ name: 'fencegate_job_reclaims_total', help: 'Claims of a running job whose lease had expired, by type', labelNames: ['type'], registers })
+  const renewalFailures = new Counter({ name: 'fencegate_lease_renewal_failures_total', help: 'Refused heartbeats by reason', labelNames: ['reason'], registers })
+  const heartbeatAge = new Histogram({ name: 'fencegate_heartbeat_age_seconds', help: 'Time since the lease was last set (claim or heartbeat) when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
+  const remainingLease = new Histogram({ name: 'fencegate_lease_remaining_seconds', help: 'Lease left when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
+  const resultRejections = new Counter({ name: 'fencegate_job_result_rejections_total', help: 'Refused completions by reason', labelNames: ['reason'], registers })
+  const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
+  const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
+
+  // A label left out is absent from the series, which reads better than an empty value.
+  const routeLabel = (route: string | undefined) => (route === undefined ? {} : { route })
+
+  async function refreshGauges(): Promise<void> {
+    if (!options.readGauges) return
+    let gauges: StoreGauges | undefined
+    try {
+      gauges = await options.readGauges()
+    } catch (err) {
+      gaugeFailures.inc()
+      options.onGaugeError?.(err)
+    }
+    // Reset first: a state or type that emptied, or a failed read, must not report an old count.
+    for (const g of [idempotency, jobs, expired]) g.reset()
+    if (!gauges) return
+    for (const r of gauges.idempotency) idempotency.set({ state: r.state }, r.count)
+    for (const r of gauges.jobs) {
+      jobs.set({ type: r.type, state: r.state }, r.count)
+      if (r.state === 'running') expired.set({ type: r.type }, r.expired)
+    }
+  }
+
+  return {
+    registry,
+    contentType: registry.contentType,
+    async render() {
+      await refreshGauges()
+      return registry.metrics()
+    },
+    request(e) {
+      requests.inc({ ...routeLabel(e.route), outcome: e.outcome, ...(e.code ? { code: e.code } : {}) })
+      requestSeconds.observe({ ...routeLabel(e.route), outcome: e.outcome }, e.durationMs / 1000)
+    },
+    upstream: (e) => upstreamSeconds.observe({ route: e.route }, e.durationMs / 1000),
+    storeCall: (e) => storeSeconds.observe({ call: e.call, result: e.failed ? 'error' : 'ok' }, e.durationMs / 1000),
+    highestFenceUpdated: (e) => fenceUpdates.inc({ route: e.route }),
+    jobClaimed(e) {
+      claims.inc({ type: e.type })
+      if (e.reclaimed) reclaims.inc({ type: e.type })
+    },
+    jobReleased: (e) => releases.inc({ type: e.type }),
+    jobsPurged: (count) => jobsPurged.inc(count),
+    heartbeat(e) {
+      heartbeatAge.observe({ type: e.type }, e.ageMs / 1000)
+      remainingLease.observe({ type: e.type }, e.remainingMs / 1000)
+    },
+    renewalFailed: (e) => renewalFailures.inc({ reason: e.reason }),
+    resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
+    adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
+    rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
+  }
+}

@@ -1,0 +1,20 @@
+import { FencegateError, problemResponse } from '../../http/problems.js'
+
+/**
+ * Refuses request targets that only make sense as an attack on a proxy:
+ * absolute-form (`POST http://evil.example/...`) or `*`, dot segments
+ * (`/a/../b`, also percent-encoded), backslashes and encoded slashes, which an
+ * upstream might decode into a path the gateway never matched. The WHATWG URL
+ * in the Request has already resolved dot segments, so this looks at the raw
+ * target Node received.
+ */
+export function unsafeTarget(rawTarget: string | undefined, requestId: string): Response | undefined {
+  if (rawTarget === undefined) return undefined
+  const path = rawTarget.split('?')[0]!
+  let reason: string | undefined
+  if (!rawTarget.startsWith('/')) reason = 'only origin-form request targets (/path?query) are accepted'
+  else if (/\\|%2f|%5c/i.test(path)) reason = 'backslashes and encoded slashes are not accepted in paths'
+  else if (path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
+  if (!reason) return undefined
+  return problemResponse(new FencegateError('invalid_request', reason), requestId)
+}
