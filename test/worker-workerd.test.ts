@@ -40,7 +40,7 @@ function configText(upstream: string, refused: string): string {
     'routes:',
     route({ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream, entity: 'invoice:{params.id}', timeout_ms: 5000 }),
     route({ name: 'charge', method: 'POST', path: '/charges/:id', upstream, entity: 'charge:{params.id}', idempotency: 'required', idempotency_wait: '10s', timeout_ms: 5000 }),
-    route({ name: 'hold', method: 'POST', path: '/holds/:id', upstream, entity: 'hold:{params.id}', idempotency: 'required', timeout_ms: 5000 }),
+    route({ name: 'hold', method: 'POST', path: '/holds/:id', upstream, entity: 'hold:{params.id}', idempotency: 'required', timeout_ms: 5000, idempotency_wait: 0 }),
     route({ name: 'slow', method: 'POST', path: '/slow/:id', upstream, entity: 'slow:{params.id}', timeout_ms: 300 }),
     route({ name: 'refused', method: 'POST', path: '/refused/:id', upstream: refused, entity: 'refused:{params.id}', timeout_ms: 5000, idempotency: 'optional' }),
     route({ name: 'attested', method: 'POST', path: '/attested/:id', upstream, entity: 'attested:{params.id}', attest: true }),
