@@ -6,7 +6,7 @@ export interface Case {
   name: CaseName
   label: string
   system: SystemName
-  traffic: Pick<Traffic, 'path' | 'entity' | 'key'>
+  traffic: Pick<Traffic, 'path' | 'entity' | 'key'> & { raise?: boolean }
   /** The hand-rolled case this one is compared with: the same kind of work done by hand. */
   hand: CaseName
   /** The case whose p99 bounds this one's (fencegate cases only): at most twice it. */
@@ -26,6 +26,10 @@ export const cases: readonly Case[] = [
   { name: 'fg-spread', label: 'fencegate fenced, spread entities', system: 'gateway', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence', p99Of: 'hand-fence' },
   { name: 'fg-hot', label: 'fencegate fenced, one hot entity', system: 'gateway', traffic: { path: pay, entity: 'hot', key: 'none' }, hand: 'hand-hot', p99Of: 'hand-hot' },
   { name: 'fg-key', label: 'fencegate new `Idempotency-Key`', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'new' }, hand: 'hand-key', p99Of: 'hand-key' },
+  // Every request raises its entity's fence (entities invoice:r<id>, apart from spread's), so the
+  // reserve statement also writes a fence history row: beside fg-spread (equal fences, no row)
+  // it shows what the history costs.
+  { name: 'fg-raise', label: 'fencegate fenced, a raise on every request (fence history)', system: 'gateway', traffic: { path: '/payments/r{id}/capture', entity: 'spread', key: 'none', raise: true }, hand: 'hand-fence', p99Of: 'hand-fence' },
   { name: 'fg-replay', label: 'fencegate replay (no upstream call)', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'replay' }, hand: 'hand-fence', p99Of: 'hand-fence' },
 ]
 
@@ -38,8 +42,9 @@ export function trafficFactory(options: BenchOptions): (c: Case) => Traffic {
   let run = 0
   return (c) => {
     run++
+    const { raise, ...traffic } = c.traffic
     return {
-      ...c.traffic, ids: options.ids, replayKeys: options.replayKeys,
+      ...traffic, ...(raise ? { raiseBase: String(Date.now()) } : {}), ids: options.ids, replayKeys: options.replayKeys,
       keyPrefix: `${tag}.${run}.`, replayPrefix: `${tag}.r`, fence: (fenceBase + BigInt(run)).toString(),
     }
   }

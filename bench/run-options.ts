@@ -1,7 +1,7 @@
 import { parseArgs } from 'node:util'
 import type { LoadGenerator } from './load.js'
 
-export const caseNames = ['nginx-proxy', 'bare-node', 'hand-fence', 'hand-hot', 'hand-key', 'fg-off', 'fg-spread', 'fg-hot', 'fg-key', 'fg-replay'] as const
+export const caseNames = ['nginx-proxy', 'bare-node', 'hand-fence', 'hand-hot', 'hand-key', 'fg-off', 'fg-spread', 'fg-hot', 'fg-key', 'fg-replay', 'fg-raise'] as const
 export type CaseName = (typeof caseNames)[number]
 
 export interface BenchOptions {

@@ -147,6 +147,14 @@ describe.skipIf(!wrk)('bench traffic through wrk', () => {
     expect(new Set(seen.map((s) => s.headers['idempotency-key'])).size).toBe(seen.length)
   })
 
+  it('raises the fence on every request when the case raises', async () => {
+    const { seen } = await load(traffic({ raiseBase: '1764547200000' }))
+    const fences = seen.map((s) => String(s.headers['x-execution-fence']))
+    for (const f of fences) expect(f).toMatch(/^1764547200000\d{6}$/)
+    // Each one new (two connections may deliver them out of order; the gateway refuses those as stale).
+    expect(new Set(fences).size).toBe(fences.length)
+  })
+
   it('draws replays from the pool, each key with the path it was completed on', async () => {
     const { seen } = await load(traffic({ key: 'replay', path: '/idempotent/payments/{id}/capture' }))
     for (const s of seen) {
