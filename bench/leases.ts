@@ -16,10 +16,9 @@ import { createJobStore } from '../src/leases/store.js'
 import type { Db } from '../src/store/db.js'
 import { connectPostgres } from '../src/store/postgres.js'
 import { fencegateSystem, graphileSystem, httpSteps, jobTypeName, storeSteps, type System } from './lease-systems.js'
-import { parseOptions, recommendedGatewayNodeOptions } from './options.js'
 import { backendCpu, backendCpuBetween, type BackendCpu } from './pg-cpu.js'
 import { cpuSeconds, freePort, isHealthy, startChild, stopChild, waitUntil, type Child } from './procs.js'
-import { prepareStore, type BenchStore } from './store.js'
+import { prepareStore, type BenchStore } from './fresh-db.js'
 
 const systemNames = ['store', 'store-batch', 'http', 'http-batch', 'graphile'] as const
 type SystemName = (typeof systemNames)[number]
@@ -203,10 +202,10 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     }, (300 + jobs / 20) * 1000)
   }
   try {
-    const adminUrl = o.adminUrl ?? parseOptions([], {})!.adminUrl
-    const store: BenchStore = await prepareStore({ ...parseOptions(['--store', 'postgres', '--admin-url', adminUrl], {})! })
+    const adminUrl = o.adminUrl ?? process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test'
+    const store: BenchStore = await prepareStore(adminUrl)
     cleanups.push(() => store.cleanup())
-    const url = store.gatewayEnv({}).DATABASE_URL!
+    const url = store.url
     const fgDatabase = new URL(url).pathname.slice(1)
     const types = parseConfig({ routes: [unusedRoute], job_types: [jobType] }).job_types
     console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
@@ -215,7 +214,7 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     const [port, adminPort] = [await freePort(), await freePort()]
     const configFile = join(tmp, 'fencegate.leases.yaml')
     writeFileSync(configFile, JSON.stringify({ server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' }, routes: [unusedRoute], job_types: [jobType] }))
-    gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], store.gatewayEnv(process.env), recommendedGatewayNodeOptions)
+    gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], { ...process.env, DATABASE_URL: store.url }, [])
     const child = gateway
     cleanups.unshift(() => stopChild(child))
     await waitUntil(gateway, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
