@@ -106,8 +106,10 @@ describe.skipIf(!bin)('store faults on a throwaway PostgreSQL cluster', () => {
     expectAlive()
     const undocumented = traffic.answers.filter((a) => !documented.has(a.answer))
     expect(undocumented).toEqual([])
-    expect(traffic.answers.slice(afterQuiet).filter((a) => a.answer !== '200')).toEqual([])
-    expect(traffic.answers.some((a) => a.at > killedAt + 2000 && a.answer === '200')).toBe(true)
+    // Judged by when a command was sent: one sent during the kills may answer after the quiet 2 s.
+    const sentAfterQuiet = traffic.answers.filter((a) => a.at - a.ms >= killedAt + 2000)
+    expect(sentAfterQuiet.length).toBeGreaterThan(100)
+    expect(sentAfterQuiet.filter((a) => a.answer !== '200')).toEqual([])
     expect([...executions.values()].filter((n) => n > 1)).toEqual([])
   })
 

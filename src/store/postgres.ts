@@ -12,7 +12,7 @@ export interface PostgresOptions {
   /**
    * `transaction` behind a pooler in transaction mode (PgBouncer before 1.21): no named
    * prepared statements (the next statement may land on another server connection) and
-   * pipelines at most one deep (deeper ones hung there, test/pgbouncer.test.ts).
+   * no pipelining (requests hung there when statements queued on one connection, test/pgbouncer.test.ts).
    */
   pooler?: 'none' | 'transaction'
 }
@@ -31,22 +31,49 @@ export interface PostgresOptions {
  * const db = connectPostgres('postgres://postgres@127.0.0.1:5432/fencegate', { connectTimeoutMs: 1000 })
  */
 export function connectPostgres(url: string, options: PostgresOptions = {}): Db {
+  const max = options.max ?? 20
   const client = postgres(url, {
-    max: options.max ?? 20,
+    max,
     // postgres.js takes seconds; fractions work (it multiplies by 1000 for its timer).
     connect_timeout: (options.connectTimeoutMs ?? 1000) / 1000,
     idle_timeout: 60,
     // fencegate binds no array parameters and reads no array columns.
     fetch_types: false,
     prepare: options.pooler !== 'transaction',
-    // max_pipeline 1: a connection queues at most one statement behind the running one (100 by
-    // default). With deep pipelines, requests through PgBouncer 1.18 hung in the test.
+    // Behind a transaction pooler no statement may queue behind another on one client
+    // connection (requests through PgBouncer 1.18 hung when they did): at most one waits here
+    // (postgres.js needs 1 for its transactions), and `inFlight` below keeps it at none.
     ...(options.pooler === 'transaction' ? { max_pipeline: 1 } : {}),
     backoff: reconnectDelaySeconds,
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
-  return { ...wrap(client), listen: (channel, onNotify, onReconnect) => listenOn(client, channel, onNotify, onReconnect) }
+  const db = wrap(client, options.pooler === 'transaction' ? inFlight(max) : undefined)
+  return { ...db, listen: (channel, onNotify, onReconnect) => listenOn(client, channel, onNotify, onReconnect) }
+}
+
+type Gate = <T>(run: () => Promise<T>) => Promise<T>
+
+/**
+ * At most `max` statements (or transactions) at a time, the rest waiting their turn here.
+ * postgres.js pipelines a statement onto a busy connection only when none is idle; with no
+ * more statements than connections, every statement finds an idle one, since a connection is
+ * idle again before its statement's promise settles.
+ */
+function inFlight(max: number): Gate {
+  let running = 0
+  const waiting: (() => void)[] = []
+  return async (run) => {
+    if (running >= max) await new Promise<void>((resolve) => waiting.push(resolve))
+    else running++
+    try {
+      return await run()
+    } finally {
+      const next = waiting.shift()
+      if (next) next()
+      else running--
+    }
+  }
 }
 
 /**
@@ -99,37 +126,41 @@ async function listenOn(sql: postgres.Sql, channel: string, onNotify: (payload: 
   }
 }
 
-function wrap(sql: postgres.Sql | postgres.TransactionSql): Db {
+function wrap(sql: postgres.Sql | postgres.TransactionSql, gate: Gate = (run) => run()): Db {
   const db: Db = {
     kind: 'postgres',
-    async sql<T>(strings: TemplateStringsArray, ...values: SqlValue[]): Promise<T[]> {
-      const params = toParams(values) as never[]
-      try {
-        return (await sql(strings, ...params)) as unknown as T[]
-      } catch (err) {
-        // Inside a transaction the connection is the transaction's: no fresh one to retry on.
-        if (!failedBeforeSending(err) || !('begin' in sql)) throw toStoreError(err)
-      }
-      try {
-        return (await sql(strings, ...params)) as unknown as T[]
-      } catch (err) {
-        throw toStoreError(err)
-      }
-    },
-    async exec(script) {
+    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(sql, strings, values)),
+    exec: (script) => gate(async () => {
       try {
         await sql.unsafe(script)
       } catch (err) {
         throw toStoreError(err)
       }
-    },
-    async begin(fn) {
+    }),
+    begin: (fn) => gate(async () => {
       if (!('begin' in sql)) throw new Error('nested transactions are not used by fencegate')
+      // Statements inside run on the transaction's own connection, outside the gate.
       return passThrough((track) => sql.begin((tx) => track(fn(wrap(tx)))) as Promise<never>)
-    },
+    }),
     async close() {
       if ('end' in sql) await sql.end({ timeout: 5 })
     },
   }
   return db
+}
+
+/** One statement, retried once on a fresh connection when it provably never reached a server. */
+async function statement<T>(sql: postgres.Sql | postgres.TransactionSql, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
+  const params = toParams(values) as never[]
+  try {
+    return (await sql(strings, ...params)) as unknown as T[]
+  } catch (err) {
+    // Inside a transaction the connection is the transaction's: no fresh one to retry on.
+    if (!failedBeforeSending(err) || !('begin' in sql)) throw toStoreError(err)
+  }
+  try {
+    return (await sql(strings, ...params)) as unknown as T[]
+  } catch (err) {
+    throw toStoreError(err)
+  }
 }
