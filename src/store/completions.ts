@@ -1,6 +1,7 @@
 import { concatBytes } from '../http/body.js'
 import { StoreError, type Db } from './db.js'
-import type { Held, StoredResponse } from './commands.js'
+import type { StoredResponse } from './commands.js'
+import type { Held } from './keys.js'
 
 /** What a finished request stores under its key. */
 export interface Completion {

@@ -4,14 +4,12 @@ import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from '.
 import { createCompleter, type Completion, type Schedule } from './completions.js'
 import { listAudit, purgeAudit, recordRejection, summarizeAudit, type AuditBucket, type AuditFilter, type AuditItem, type AuditQuery, type Rejection } from './audit.js'
 import { listFenceHistory, purgeFenceHistory, type FenceChange, type FenceHistoryQuery } from './fence-history.js'
-import {
-  getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, reserve,
-  type Command, type EntityKey, type Held, type KeyState, type Reservation,
-} from './commands.js'
+import { reserve, type Command, type Reservation } from './commands.js'
+import { getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, type EntityKey, type Held, type KeyState } from './keys.js'
 
 export type { AuditBucket, AuditFilter, AuditItem, AuditQuery, Rejection } from './audit.js'
 export type { FenceChange, FenceHistoryQuery } from './fence-history.js'
-export type { EntityKey } from './commands.js'
+export type { EntityKey } from './keys.js'
 
 export interface EntityState {
   tenant: string
@@ -24,7 +22,8 @@ export interface EntityState {
 
 export type { Bump, BumpResult } from './fences.js'
 export type { SlotDecision, SlotRequest } from './ordering.js'
-export type { Command, Held, IdempotencyClaim, KeyState, Reservation, StoredResponse } from './commands.js'
+export type { Command, IdempotencyClaim, Reservation, StoredResponse } from './commands.js'
+export type { Held, KeyState } from './keys.js'
 
 /**
  * Everything the gateway asks of its database. Each method is one statement,
