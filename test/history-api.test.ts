@@ -1,7 +1,7 @@
-import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { backends, type TestDb } from './helpers/backends.js'
-import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { describe, expect, it } from 'vitest'
+import { backends } from './helpers/backends.js'
+import { freshGateway } from './helpers/fresh-gateway.js'
+import { post, route, testConfig } from './helpers/gateway.js'
 
 const getJson = async (url: string) => {
   const res = await fetch(url)
@@ -9,28 +9,15 @@ const getJson = async (url: string) => {
 }
 
 describe.each(backends())('GET /entities/{entity}/history ($name)', (backend) => {
-  let t: TestDb
-  let upstream: TestUpstream
-  let gw: TestGateway
-
-  beforeEach(async () => {
-    t = await backend.open()
-    upstream = await startUpstream()
-    gw = await startTestGateway({ config: testConfig([route(upstream.url, { idempotency: 'optional' })]), store: t.store })
-  })
-  afterEach(async () => {
-    await gw.close()
-    await upstream.close()
-    await t.close()
-  })
+  const fx = freshGateway(backend, ({ upstream }) => ({ config: testConfig([route(upstream.url, { idempotency: 'optional' })]) }))
 
   it('shows who moved the fence, newest first, with an operator bump in between', async () => {
-    await post(`${gw.url}/payments/7/capture`, '1', { headers: { 'x-request-id': 'first' } })
-    await post(`${gw.url}/payments/7/capture`, '1')
-    await post(`${gw.url}/payments/7/capture`, '2', { headers: { 'x-request-id': 'second' } })
-    await fetch(`${gw.adminUrl}/entities/invoice:7/bump`, { method: 'POST', headers: { 'x-request-id': 'incident' }, body: '{"min_fence":"5"}' })
-    expect((await post(`${gw.url}/payments/7/capture`, '2')).status).toBe(409)
-    const { status, json } = await getJson(`${gw.adminUrl}/entities/invoice:7/history`)
+    await post(`${fx.gw.url}/payments/7/capture`, '1', { headers: { 'x-request-id': 'first' } })
+    await post(`${fx.gw.url}/payments/7/capture`, '1')
+    await post(`${fx.gw.url}/payments/7/capture`, '2', { headers: { 'x-request-id': 'second' } })
+    await fetch(`${fx.gw.adminUrl}/entities/invoice:7/bump`, { method: 'POST', headers: { 'x-request-id': 'incident' }, body: '{"min_fence":"5"}' })
+    expect((await post(`${fx.gw.url}/payments/7/capture`, '2')).status).toBe(409)
+    const { status, json } = await getJson(`${fx.gw.adminUrl}/entities/invoice:7/history`)
     expect(status).toBe(200)
     expect(json.next_cursor).toBeNull()
     expect(json.items.map((i: any) => [i.old_fence, i.new_fence, i.source, i.route, i.request_id])).toEqual([
@@ -43,26 +30,26 @@ describe.each(backends())('GET /entities/{entity}/history ($name)', (backend) =>
   })
 
   it('pages with limit and before, and names the tenant with ?tenant=', async () => {
-    for (let f = 1; f <= 5; f++) await post(`${gw.url}/payments/7/capture`, String(f))
-    const first = await getJson(`${gw.adminUrl}/entities/invoice:7/history?limit=2`)
+    for (let f = 1; f <= 5; f++) await post(`${fx.gw.url}/payments/7/capture`, String(f))
+    const first = await getJson(`${fx.gw.adminUrl}/entities/invoice:7/history?limit=2`)
     expect(first.json.items.map((i: any) => i.new_fence)).toEqual(['5', '4'])
     expect(first.json.next_cursor).toBe(first.json.items[1].id)
-    const second = await getJson(`${gw.adminUrl}/entities/invoice:7/history?limit=3&before=${first.json.next_cursor}`)
+    const second = await getJson(`${fx.gw.adminUrl}/entities/invoice:7/history?limit=3&before=${first.json.next_cursor}`)
     expect(second.json.items.map((i: any) => i.new_fence)).toEqual(['3', '2', '1'])
     expect(second.json.next_cursor).toBeNull()
-    expect((await getJson(`${gw.adminUrl}/entities/invoice:7/history?tenant=acme`)).json).toEqual({ items: [], next_cursor: null })
+    expect((await getJson(`${fx.gw.adminUrl}/entities/invoice:7/history?tenant=acme`)).json).toEqual({ items: [], next_cursor: null })
   })
 
   it('refuses bad paging parameters with invalid_query', async () => {
     for (const q of ['limit=0', 'limit=x', 'before=-1', 'before=1e3', 'nope=1', 'limit=1&limit=2']) {
-      const { status, json } = await getJson(`${gw.adminUrl}/entities/invoice:7/history?${q}`)
+      const { status, json } = await getJson(`${fx.gw.adminUrl}/entities/invoice:7/history?${q}`)
       expect([q, status, json.code]).toEqual([q, 400, 'invalid_query'])
     }
   })
 
   it('lists the entity\'s live idempotency records without bodies', async () => {
-    await post(`${gw.url}/payments/7/capture`, '1', { headers: { 'idempotency-key': 'k-1' } })
-    const { json } = await getJson(`${gw.adminUrl}/entities/invoice:7/keys`)
+    await post(`${fx.gw.url}/payments/7/capture`, '1', { headers: { 'idempotency-key': 'k-1' } })
+    const { json } = await getJson(`${fx.gw.adminUrl}/entities/invoice:7/keys`)
     expect(json.items).toEqual([expect.objectContaining({ key: 'k-1', state: 'completed', status: 200, fence: '1', route: 'capture' })])
     expect(json.items[0]).not.toHaveProperty('body')
     expect(json.items[0]).not.toHaveProperty('headers')
