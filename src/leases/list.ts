@@ -1,8 +1,7 @@
 import type { Db } from '../store/db.js'
+import type { JobState } from './types.js'
 
 // The admin plane's read-only views of fg_jobs (the lease decisions live in store.ts).
-
-export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
 
 /** A job as the console lists it: its holder and lease, never its payload, result or error body. */
 export interface JobSummary {
