@@ -213,16 +213,7 @@ export class FencegateClient {
         continue
       }
       for (const { job, lease } of claimed) {
-        if (options.signal.aborted) {
-          await lease.release()
-          emit({ type: 'released', jobId: job.id, fence: job.fence, reason: 'shutdown' })
-          continue
-        }
-        emit({ type: 'claimed', jobId: job.id, fence: job.fence })
-        if (lease.ownership === 'lost') {
-          emit({ type: 'lost', jobId: job.id, fence: job.fence, reason: (lease.signal.reason as LeaseLost).reason })
-          continue
-        }
+        if (await admit(job, lease, options, emit) !== 'run') continue
         const done: Promise<void> = this.run(job, lease, handler, options, emit).finally(() => running.delete(done))
         running.add(done)
       }
@@ -245,16 +236,9 @@ export class FencegateClient {
       }
       if (!claimed) continue
       const { job, lease } = claimed
-      if (options.signal.aborted) {
-        await lease.release()
-        emit({ type: 'released', jobId: job.id, fence: job.fence, reason: 'shutdown' })
-        return
-      }
-      emit({ type: 'claimed', jobId: job.id, fence: job.fence })
-      if (lease.ownership === 'lost') {
-        emit({ type: 'lost', jobId: job.id, fence: job.fence, reason: (lease.signal.reason as LeaseLost).reason })
-        continue
-      }
+      const admitted = await admit(job, lease, options, emit)
+      if (admitted === 'shutdown') return
+      if (admitted === 'lost') continue
       await this.run(job, lease, handler, options, emit)
     }
   }
@@ -299,6 +283,24 @@ export class FencegateClient {
 
 /** A positive integer from an answer, else 0 (a lease of 0 starts lost rather than guessed). */
 const intOrZero = (value: unknown): number => (Number.isSafeInteger(value) && (value as number) > 0 ? (value as number) : 0)
+
+/**
+ * What becomes of a job the worker just claimed: given back at once on shutdown, dropped when
+ * its lease was already lost, else run. Emits the matching event either way.
+ */
+async function admit(job: Job, lease: Lease, options: WorkOptions, emit: (e: WorkEvent) => void): Promise<'run' | 'shutdown' | 'lost'> {
+  if (options.signal.aborted) {
+    await lease.release()
+    emit({ type: 'released', jobId: job.id, fence: job.fence, reason: 'shutdown' })
+    return 'shutdown'
+  }
+  emit({ type: 'claimed', jobId: job.id, fence: job.fence })
+  if (lease.ownership === 'lost') {
+    emit({ type: 'lost', jobId: job.id, fence: job.fence, reason: (lease.signal.reason as LeaseLost).reason })
+    return 'lost'
+  }
+  return 'run'
+}
 
 /** What a failed attempt records: the error's name and code, and the message only for SDK errors, whose text is known not to carry data. */
 function errorRecord(error: unknown): Record<string, string> {
