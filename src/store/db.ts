@@ -48,7 +48,8 @@ export function storeCode(err: unknown): string {
   return err instanceof StoreError ? (err.sqlstate ?? err.driverCode ?? 'unknown') : 'unknown'
 }
 
-const sqlstatePattern = /^[0-9A-Z]{5}$/
+/** A SQLSTATE: five digits or capitals. */
+export const sqlstatePattern = /^[0-9A-Z]{5}$/
 
 /** Wraps any driver error into a StoreError, recognising the SQLSTATE when there is one. */
 export function toStoreError(err: unknown): StoreError {

@@ -1,4 +1,4 @@
-import { StoreError } from '../../store/db.js'
+import { sqlstatePattern, StoreError } from '../../store/db.js'
 import type { Logger } from '../../observe/log.js'
 
 // SQLSTATE classes of a store that is down, restarting or refusing connections:
@@ -19,7 +19,7 @@ export function isStoreFailure(err: unknown): boolean {
   if (err instanceof StoreError) return true
   const code = (err as { code?: unknown } | null)?.code
   if (typeof code !== 'string') return false
-  return driverCodes.has(code) || (/^[0-9A-Z]{5}$/.test(code) && storeClasses.has(code.slice(0, 2)))
+  return driverCodes.has(code) || (sqlstatePattern.test(code) && storeClasses.has(code.slice(0, 2)))
 }
 
 /**
