@@ -37,5 +37,10 @@ export async function runServe(flags: Flags): Promise<number> {
   }
   await stopRequested
   await gateway.close()
+  // Everything fencegate opened is closed now. postgres.js 3.4.9 can still open one more
+  // socket: a LISTEN connection that was waiting to reconnect when the store closed does so
+  // afterwards, and that socket would keep the process alive. The timer is unref'd, so a
+  // clean exit is not delayed by it.
+  setTimeout(() => process.exit(0), 1000).unref()
   return 0
 }

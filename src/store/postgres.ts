@@ -1,5 +1,5 @@
 import postgres from 'postgres'
-import { passThrough, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
+import { passThrough, StoreError, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
 
 export interface PostgresOptions {
   /** Pool size; the default suits one gateway process. */
@@ -21,18 +21,26 @@ export interface PostgresOptions {
  * A Db on PostgreSQL through postgres.js. Statements are prepared and every
  * commit is durable (the server's synchronous_commit decides, default on).
  *
- * Connection health is owned here: no per-connection type lookup (its promise had no
- * listener, and a connection dropped right after opening crashed the process), a short
- * jittered reconnect delay per connection instead of postgres.js's, which grows with a
- * retry count the whole pool shares (up to 20 s), and one retry, on a fresh connection,
- * of a statement that failed before it could have reached the server.
+ * Connection health is owned here:
+ * - No per-connection type lookup: its promise had no listener, and a connection dropped
+ *   right after opening crashed the process.
+ * - A short jittered reconnect delay per connection, instead of postgres.js's, which grows
+ *   with a retry count the whole pool shares (up to 20 s).
+ * - A client that lost a connection is retired whole: new statements go to a fresh client
+ *   while the old one finishes what it runs. postgres.js 3.4.9 carries a dropped
+ *   connection's state into its reconnect: the dead backend's `57P01`, replayed onto the next
+ *   statement (porsager/postgres#1215, #1223), and a write it never flushed, which stalls the
+ *   next startup until `connect_timeout` (porsager/postgres#1209). While the old client
+ *   drains, the process may hold up to twice `max` connections.
+ * - One retry, on the current client, of a statement that failed before it could have
+ *   reached the server (`failedBeforeSending`).
  *
  * @example
  * const db = connectPostgres('postgres://postgres@127.0.0.1:5432/fencegate', { connectTimeoutMs: 1000 })
  */
 export function connectPostgres(url: string, options: PostgresOptions = {}): Db {
   const max = options.max ?? 20
-  const client = postgres(url, {
+  const open = () => postgres(url, {
     max,
     // postgres.js takes seconds; fractions work (it multiplies by 1000 for its timer).
     connect_timeout: (options.connectTimeoutMs ?? 1000) / 1000,
@@ -48,8 +56,24 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
-  const db = wrap(client, options.pooler === 'transaction' ? inFlight(max) : undefined)
-  return { ...db, listen: (channel, onNotify, onReconnect) => listenOn(client, channel, onNotify, onReconnect) }
+  let client = open()
+  // LISTEN gets a client of its own, never retired: postgres.js re-listens after a drop.
+  let listener: postgres.Sql | undefined
+  const draining = new Set<Promise<void>>()
+  const retire = (failed: postgres.Sql) => {
+    if (failed !== client) return
+    client = open()
+    const done = failed.end({ timeout: 5 }).catch(() => {}).then(() => void draining.delete(done))
+    draining.add(done)
+  }
+  const db = pooled(() => client, retire, options.pooler === 'transaction' ? inFlight(max) : undefined)
+  return {
+    ...db,
+    listen: (channel, onNotify, onReconnect) => listenOn((listener ??= open()), channel, onNotify, onReconnect),
+    async close() {
+      await Promise.all([client.end({ timeout: 5 }), listener?.end({ timeout: 5 }), ...draining])
+    },
+  }
 }
 
 type Gate = <T>(run: () => Promise<T>) => Promise<T>
@@ -86,26 +110,36 @@ export function reconnectDelaySeconds(): number {
 }
 
 /**
- * Failures that prove the statement never reached a server: the connection it was queued
- * on could not be opened (refused, unresolvable, timed out, or the server is still starting).
- * Only these are retried. A connection that broke after the statement was written (a reset,
- * `57P01` from `pg_terminate_backend`) may have committed it, and is never retried.
+ * Whether postgres.js failed a statement before handing it to a connection, so that no
+ * server can have run it. The driver stamps a query with its connection's backend (`state`)
+ * the moment it writes it, and its own `cancel()` relies on that stamp the same way. Such
+ * failures: the connection it waited for could not be opened (refused, timed out, a server
+ * still starting), or the reconnect replayed a dead backend's `57P01` onto it (postgres.js
+ * 3.4.9 keeps a terminated backend's last ErrorResponse across the reconnect and fails the
+ * first statement queued for the new connection with it: porsager/postgres#1215, #1223). A statement
+ * that was written and then cut off (a reset, a terminated backend) may have committed, and
+ * is never retried.
  */
-const neverSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'CONNECT_TIMEOUT', '57P03'])
+export function failedBeforeSending(query: unknown): boolean {
+  return (query as { state?: unknown } | null)?.state === null
+}
 
-/** Whether a driver error proves its statement was not sent (see `neverSent`). */
-export function failedBeforeSending(err: unknown): boolean {
-  const code = (err as { code?: unknown } | null)?.code
-  return typeof code === 'string' && neverSent.has(code)
+/**
+ * Whether a failure means the connection under the statement is gone or never came up
+ * (a driver or socket code, SQLSTATE class 08, or `57P0x`), not that a live connection
+ * refused the statement.
+ */
+export function connectionLost(err: StoreError): boolean {
+  return err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? '')
 }
 
 /**
  * A Db on a postgres.js client its caller configured: the Workers runtime opens
  * its own per-request client with Workers-specific options (src/runtime/workers/db.ts).
- * Without `listen`: such a client does not outlive its request.
+ * Without `listen`: such a client does not outlive its request, and is never retired.
  */
 export function postgresClientDb(client: postgres.Sql): Db {
-  return wrap(client)
+  return { ...pooled(() => client, () => {}), close: () => client.end({ timeout: 5 }) }
 }
 
 /**
@@ -126,41 +160,60 @@ async function listenOn(sql: postgres.Sql, channel: string, onNotify: (payload: 
   }
 }
 
-function wrap(sql: postgres.Sql | postgres.TransactionSql, gate: Gate = (run) => run()): Db {
-  const db: Db = {
+/** The Db on whichever client is current; a failure that lost a connection retires its client. */
+function pooled(current: () => postgres.Sql, retire: (failed: postgres.Sql) => void, gate: Gate = (run) => run()): Db {
+  const lost = (client: postgres.Sql) => (err: unknown) => {
+    if (err instanceof StoreError && connectionLost(err)) retire(client)
+    throw err
+  }
+  return {
     kind: 'postgres',
-    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(sql, strings, values)),
-    exec: (script) => gate(async () => {
+    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, retire, strings, values)),
+    exec: (script) => gate(() => {
+      const client = current()
+      return client.unsafe(script).then(() => undefined, (err: unknown) => lost(client)(toStoreError(err)))
+    }),
+    begin: (fn) => gate(() => {
+      const client = current()
+      // Statements inside run on the transaction's own connection, outside the gate.
+      return passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>).catch(lost(client))
+    }),
+    close: async () => {},
+  }
+}
+
+/** The Db a transaction's callback gets: its statements run on the transaction's connection. */
+function inTransaction(tx: postgres.TransactionSql): Db {
+  return {
+    kind: 'postgres',
+    async sql<T>(strings: TemplateStringsArray, ...values: SqlValue[]) {
       try {
-        await sql.unsafe(script)
+        return (await tx(strings, ...(toParams(values) as never[]))) as unknown as T[]
       } catch (err) {
         throw toStoreError(err)
       }
-    }),
-    begin: (fn) => gate(async () => {
-      if (!('begin' in sql)) throw new Error('nested transactions are not used by fencegate')
-      // Statements inside run on the transaction's own connection, outside the gate.
-      return passThrough((track) => sql.begin((tx) => track(fn(wrap(tx)))) as Promise<never>)
-    }),
-    async close() {
-      if ('end' in sql) await sql.end({ timeout: 5 })
     },
+    exec: (script) => tx.unsafe(script).then(() => undefined, (err: unknown) => { throw toStoreError(err) }),
+    begin: () => Promise.reject(new Error('nested transactions are not used by fencegate')),
+    close: async () => {},
   }
-  return db
 }
 
-/** One statement, retried once on a fresh connection when it provably never reached a server. */
-async function statement<T>(sql: postgres.Sql | postgres.TransactionSql, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
+/**
+ * One statement on the current client. A statement that lost its connection retires that
+ * client; one that provably never reached a server is retried once, on the client current then.
+ */
+async function statement<T>(current: () => postgres.Sql, retire: (failed: postgres.Sql) => void, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
   const params = toParams(values) as never[]
-  try {
-    return (await sql(strings, ...params)) as unknown as T[]
-  } catch (err) {
-    // Inside a transaction the connection is the transaction's: no fresh one to retry on.
-    if (!failedBeforeSending(err) || !('begin' in sql)) throw toStoreError(err)
-  }
-  try {
-    return (await sql(strings, ...params)) as unknown as T[]
-  } catch (err) {
-    throw toStoreError(err)
+  for (let attempt = 0; ; attempt++) {
+    const client = current()
+    const query = client(strings, ...params)
+    try {
+      return (await query) as unknown as T[]
+    } catch (raw) {
+      const err = toStoreError(raw)
+      if (connectionLost(err)) retire(client)
+      if (attempt > 0 || !failedBeforeSending(query)) throw err
+    }
   }
 }
