@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import type { Config } from '../src/config/schema.js'
-import type { LogFields, Logger } from '../src/observe/log.js'
+import { createLogger, type LogFields, type Logger } from '../src/observe/log.js'
+import { StoreError } from '../src/store/db.js'
 import { ruleChangedSchema, ruleDeletedSchema, ruleHistorySchema, ruleOneSchema, ruleSetSchema } from '../src/admin/openapi.js'
 import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
 import { backends, type TestDb } from './helpers/backends.js'
@@ -248,4 +249,22 @@ describe('rules across gateway instances (postgres)', () => {
       await t.close()
     }
   })
+})
+
+describe('closing the rule registry', () => {
+  for (const backend of backends()) {
+    it(`closes even when its UNLISTEN fails (${backend.name}): a throw here once skipped closing the store`, async () => {
+      const t = await backend.open()
+      try {
+        const lines: string[] = []
+        // A LISTEN whose UNLISTEN is cut off with its connection, as after a backend termination.
+        const db = { ...t.db, listen: async () => async () => { throw new StoreError(undefined, 'CONNECTION_CLOSED') } }
+        const registry = await startRuleRegistry({ db, config: testConfig([route('http://127.0.0.1:9')]), log: createLogger('info', (l) => lines.push(l)) })
+        await expect(registry.close()).resolves.toBeUndefined()
+        expect(lines.map((l) => JSON.parse(l) as { event: string; store_code?: string })).toContainEqual(expect.objectContaining({ event: 'rules_unlisten_failed', store_code: 'CONNECTION_CLOSED' }))
+      } finally {
+        await t.close()
+      }
+    })
+  }
 })

@@ -148,7 +148,8 @@ export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistr
     refresh: reload,
     async close() {
       clearInterval(timer)
-      await unlisten?.()
+      // The store closes next anyway; an UNLISTEN cut off with its connection changes nothing.
+      await unlisten?.().catch((err: unknown) => log.warn('rules_unlisten_failed', { store_code: storeCode(err) }))
     },
   }
 }

@@ -117,9 +117,10 @@ export async function startGateway(options: {
     async close(graceMs = 10_000) {
       clearInterval(purge)
       await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
-      await upstream.close()
-      await rules.close()
-      await store.close()
+      // Each part closes even when one before it failed: a store left open keeps the process alive.
+      for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()]] as const) {
+        await close().catch((err: unknown) => log.warn('close_failed', { part, store_code: storeCode(err) }))
+      }
     },
   }
 }
