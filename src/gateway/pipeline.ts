@@ -8,7 +8,7 @@ import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
 import { audited } from './audited.js'
 import { entityOf, entitySources, leaseJobOf } from './command.js'
 import { contextOf, type PipelineContext, type PipelineDeps } from './context.js'
-import { clientResponseHeaders } from './forward.js'
+import { clientResponseHeaders, wholeBodyOf } from './forward.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
 import { logged, settleResponse } from './outcome.js'
 import { parseCommand, type CommandInput } from './parse-command.js'
@@ -96,7 +96,7 @@ async function takeBody(ctx: PipelineContext, request: Request, route: Route, tr
   const rc = route.config
   const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
   if (!checked) {
-    const limited = limitBody(request, ctx.bodyLimit)
+    const limited = await limitBody(request, ctx.bodyLimit)
     return { bytes: undefined, body: limited.body, exceeded: limited.exceeded }
   }
   const bytes = await audited(ctx, trace, async () => {
@@ -142,9 +142,10 @@ async function respond(ctx: PipelineContext, request: Request, upstream: Respons
   const headers = clientResponseHeaders(upstream.headers)
   headers.set('x-request-id', trace.requestId)
   echoIdempotencyKey(headers, request, rc)
-  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : upstream.body
+  const whole = wholeBodyOf(upstream)
+  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : whole ?? upstream.body
   // A captured body ends only once its record is stored; a length would let the client finish earlier.
-  if (held && responseBody !== upstream.body) headers.delete('content-length')
+  if (held && responseBody !== upstream.body && responseBody !== whole) headers.delete('content-length')
   logDecision(ctx, trace, 'forwarded', upstream.status, started)
   return new Response(responseBody, { status: upstream.status, statusText: upstream.statusText, headers })
 }

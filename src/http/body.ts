@@ -44,11 +44,25 @@ export function concatBytes(chunks: Uint8Array[], size: number): Uint8Array {
 }
 
 /**
- * Passes a body through as a stream, failing it once more than `limit` bytes
- * went by; `exceeded()` tells the pipeline why the upstream request broke.
+ * A passed-through body of declared length up to this size is read whole and sent as
+ * bytes, as nginx buffers small request bodies: on Node that skips three Web streams per
+ * request (the request's own, the limit's transform, the forward's), about a fifth of a
+ * passthrough's CPU (`npm run bench -- profile`).
  */
-export function limitBody(request: Request, limit: number): { body: ReadableStream<Uint8Array> | null; exceeded: () => boolean } {
-  rejectDeclaredOversize(request, limit)
+export const wholeRequestLimit = 64 * 1024
+
+/**
+ * Passes a body through, failing it once more than `limit` bytes went by; `exceeded()`
+ * tells the pipeline why the upstream request broke. A small body of declared length comes
+ * back whole (`wholeRequestLimit`); any other streams.
+ */
+export async function limitBody(request: Request, limit: number): Promise<{ body: Uint8Array | ReadableStream<Uint8Array> | null; exceeded: () => boolean }> {
+  const declared = declaredLength(request, limit)
+  if (declared !== undefined && declared <= wholeRequestLimit) {
+    const bytes = new Uint8Array(await request.arrayBuffer())
+    if (bytes.byteLength > limit) throw tooLarge(limit)
+    return { body: bytes, exceeded: () => false }
+  }
   let size = 0
   let over = false
   if (!request.body) return { body: null, exceeded: () => false }
@@ -66,12 +80,17 @@ export function limitBody(request: Request, limit: number): { body: ReadableStre
   return { body, exceeded: () => over }
 }
 
+/** The declared length, refused when over the limit; undefined when none was declared. */
+function declaredLength(request: Request, limit: number): number | undefined {
+  const declared = request.headers.get('content-length')
+  if (declared === null || !/^\d+$/.test(declared)) return undefined
+  if (Number(declared) > limit) throw tooLarge(limit)
+  return Number(declared)
+}
+
 /** Refuses a declared length over the limit; true when a length was declared. */
 function rejectDeclaredOversize(request: Request, limit: number): boolean {
-  const declared = request.headers.get('content-length')
-  if (declared === null || !/^\d+$/.test(declared)) return false
-  if (Number(declared) > limit) throw tooLarge(limit)
-  return true
+  return declaredLength(request, limit) !== undefined
 }
 
 function tooLarge(limit: number): FencegateError {
