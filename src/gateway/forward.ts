@@ -19,6 +19,18 @@ export interface ForwardRequest {
 export type Forward = (request: ForwardRequest) => Promise<Response>
 
 /**
+ * Where a Forward that read a small answer whole leaves its bytes on the Response, so the
+ * pipeline sends and stores them as they are: reading `Response.body` would turn them back
+ * into a stream (on Node, that stream costs more CPU than the rest of a passthrough).
+ */
+export const wholeBody = Symbol('fencegate.wholeBody')
+
+/** The answer's bytes when its Forward read them whole (`wholeBody`), else undefined. */
+export function wholeBodyOf(response: Response): Uint8Array<ArrayBuffer> | undefined {
+  return (response as Response & { [wholeBody]?: Uint8Array<ArrayBuffer> })[wholeBody]
+}
+
+/**
  * Why forwarding failed. `sent` tells whether the upstream may have received
  * the request: a refused connection was not sent, a timeout or reset may have been.
  */

@@ -1,5 +1,6 @@
 import { concatBytes } from '../http/body.js'
 import type { RouteConfig } from '../config/schema.js'
+import { wholeBodyOf } from './forward.js'
 import { captureBody, storedHeaders, type Captured } from './idempotency.js'
 import type { Logger } from '../observe/log.js'
 import { FencegateError } from '../http/problems.js'
@@ -32,9 +33,10 @@ export async function settleResponse(o: {
   requestId: string
 }): Promise<Uint8Array<ArrayBuffer> | ReadableStream<Uint8Array> | null> {
   const { store, log, route, held, upstream, requestId } = o
+  const whole = wholeBodyOf(upstream)
   if (route.transient_statuses.includes(upstream.status)) {
     await logged(log, requestId, 'release', () => store.release(held))
-    return upstream.body
+    return whole ?? upstream.body
   }
   const headers = storedHeaders(upstream.headers, route.replay_headers)
   const record = async (captured: Captured) => {
@@ -43,6 +45,10 @@ export async function settleResponse(o: {
       // Too large, or the body broke after the upstream answered: it happened, but cannot be replayed.
       : store.complete(held, { replayable: false, response: { status: upstream.status, headers, body: new Uint8Array(0) }, ttlMs: route.idempotency_ttl })
     await logged(log, requestId, 'complete', () => settled)
+  }
+  if (whole && whole.byteLength <= route.max_stored_body) {
+    await record({ kind: 'complete', body: whole })
+    return whole
   }
   const declared = declaredLength(upstream.headers)
   if (upstream.body && declared !== undefined && declared <= Math.min(route.max_stored_body, wholeAnswerLimit)) {

@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
-import { ForwardError, type Forward } from '../../gateway/forward.js'
+import { ForwardError, wholeBody, type Forward } from '../../gateway/forward.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
@@ -60,10 +60,11 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
     }
     const empty = method === 'HEAD' || res.statusCode === 204 || res.statusCode === 304
     if (empty) res.body.resume()
-    return new Response(empty ? null : toWebStream(res.body), {
-      status: res.statusCode,
-      headers: responseHeaders,
-    })
+    const declared = empty ? undefined : smallDeclaredLength(res.headers['content-length'])
+    const answer = empty ? null : declared !== undefined ? await readSmall(res.body, declared) : toWebStream(res.body)
+    const response = new Response(answer as BodyInit | null, { status: res.statusCode, headers: responseHeaders })
+    if (answer instanceof Uint8Array) Object.defineProperty(response, wholeBody, { value: answer })
+    return response
   }
 
   return {
@@ -73,6 +74,47 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
       pools.clear()
     },
   }
+}
+
+/**
+ * An answer up to this size whose length the upstream declared is read whole before the
+ * Response is made: @hono/node-server then writes headers and body in one call, with no Web
+ * stream between the two sockets (the streams cost about a fifth of a passthrough's CPU).
+ */
+const smallAnswerLimit = 64 * 1024
+
+function smallDeclaredLength(value: string | string[] | undefined): number | undefined {
+  if (typeof value !== 'string' || !/^\d{1,6}$/.test(value)) return undefined
+  const length = Number(value)
+  return length <= smallAnswerLimit ? length : undefined
+}
+
+/**
+ * Reads a small body whole. If it breaks off (a reset, a length other than declared), the
+ * client still gets what the upstream sent and then the error, as it would have streamed.
+ */
+async function readSmall(body: Readable, declared: number): Promise<Uint8Array | ReadableStream<Uint8Array>> {
+  const chunks: Buffer[] = []
+  let size = 0
+  try {
+    for await (const chunk of body) {
+      chunks.push(chunk as Buffer)
+      size += (chunk as Buffer).byteLength
+    }
+  } catch (err) {
+    return brokenAfter(chunks, err as Error)
+  }
+  if (size !== declared) return brokenAfter(chunks, new Error('the upstream sent another length than it declared'))
+  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
+}
+
+function brokenAfter(chunks: Buffer[], err: Error): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>({
+    start(controller) {
+      for (const chunk of chunks) controller.enqueue(chunk)
+      controller.error(err)
+    },
+  })
 }
 
 /**

@@ -1,0 +1,57 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { wholeBodyOf } from '../src/gateway/forward.js'
+import { createUndiciForward } from '../src/runtime/node/forward.js'
+import { route, testConfig } from './helpers/gateway.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+/** The Node forward against a real upstream: how it hands back small and streamed answers. */
+describe('the undici forward', () => {
+  let upstream: TestUpstream
+  const undici = createUndiciForward()
+
+  beforeAll(async () => {
+    upstream = await startUpstream((req, res) => {
+      if (req.path === '/small') {
+        res.writeHead(200, { 'content-length': '5' }).end('hello')
+        return
+      }
+      if (req.path === '/chunked') {
+        res.writeHead(200)
+        res.write('hel')
+        res.end('lo')
+        return
+      }
+      // Declares 10 bytes, sends 5, then drops the connection.
+      res.writeHead(200, { 'content-length': '10' })
+      res.write('hello')
+      setImmediate(() => res.socket?.destroy())
+    })
+  })
+  afterAll(async () => {
+    await undici.close()
+    await upstream.close()
+  })
+
+  const send = (target: string) => {
+    const rc = testConfig([route(upstream.url)]).routes[0]!
+    return undici.forward({ route: rc, target, method: 'GET', headers: new Headers(), body: null })
+  }
+
+  it('reads a small answer of declared length whole and leaves its bytes on the Response', async () => {
+    const res = await send('/small')
+    expect(new TextDecoder().decode(wholeBodyOf(res))).toBe('hello')
+    expect(await res.text()).toBe('hello')
+  })
+
+  it('streams an answer of undeclared length', async () => {
+    const res = await send('/chunked')
+    expect(wholeBodyOf(res)).toBeUndefined()
+    expect(await res.text()).toBe('hello')
+  })
+
+  it('hands a small answer that broke off to the client as broken, not as complete', async () => {
+    const res = await send('/broken')
+    expect(wholeBodyOf(res)).toBeUndefined()
+    await expect(res.text()).rejects.toThrow()
+  })
+})
