@@ -147,7 +147,9 @@ async function respond(ctx: PipelineContext, request: Request, upstream: Respons
   // A captured body ends only once its record is stored; a length would let the client finish earlier.
   if (held && responseBody !== upstream.body && responseBody !== whole) headers.delete('content-length')
   logDecision(ctx, trace, 'forwarded', upstream.status, started)
-  return new Response(responseBody, { status: upstream.status, statusText: upstream.statusText, headers })
+  // No reason phrase: @hono/node-server never writes one, and reading `statusText` off its
+  // lightweight Response built the full Response, turning a whole body back into a Web stream.
+  return new Response(responseBody, { status: upstream.status, headers })
 }
 
 /** The problem a failure becomes, logged and counted: store failures fail closed as 503; anything unexpected is an internal error. */
