@@ -221,7 +221,8 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     // The same pool size as the gateway's own and graphile-worker's here, so every system gets equal connections.
     const db: Db = connectPostgres(url, { max: o.concurrency })
     cleanups.unshift(() => db.close())
-    const jobs = createJobStore(db)
+    // As the gateway wires it: the completions of one event-loop turn share a statement.
+    const jobs = createJobStore(db, { schedule: setImmediate })
     const pool = new Pool(`http://127.0.0.1:${port}`, { connections: o.concurrency, headersTimeout: 30_000, bodyTimeout: 30_000 })
     cleanups.unshift(() => pool.close())
     const cpu = backendCpu(adminUrl)

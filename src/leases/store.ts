@@ -1,6 +1,8 @@
 import type { JobType } from '../config/schema.js'
+import type { Schedule } from '../store/batch.js'
 import type { Db } from '../store/db.js'
 import { claimJobs, type Claimed, type ClaimRequest } from './claim.js'
+import { createJobCompleter, type CompletionAudit } from './complete.js'
 import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
 import { purgeFinishedJobs } from './retention.js'
@@ -117,35 +119,6 @@ export async function append(db: Db, h: Holder, seq: number, chunk: unknown) {
   return row!
 }
 
-/**
- * Completes under the live lease of this fence. Completing again with the same
- * fence and result is a no-op success; any other late or foreign completion
- * changes nothing and is audited as result_rejected, in the same statement.
- */
-export async function complete(db: Db, h: Holder, result: unknown, audit: { requestId: string; caller: string | null; path: string }) {
-  const resultJson = JSON.stringify(result ?? null)
-  const [row] = await db.sql<{ completed: boolean; repeated: boolean }>`
-    WITH done AS (
-      UPDATE fg_jobs SET state = 'succeeded', result = ${resultJson}::text::jsonb, lease_until = NULL, finished_at = now()
-      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'running' AND lease_until > now() AND NOT cancel_requested
-      RETURNING id
-    ), repeated AS (
-      SELECT id FROM fg_jobs
-      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'succeeded' AND result = ${resultJson}::text::jsonb
-    ), rejected AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, caller, request_id)
-      SELECT ${h.tenant}, NULL, ${`job:${h.jobId}`}, 'result_rejected', ${h.fence}::bigint,
-             (SELECT fence FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}), 'POST', ${audit.path}, ${audit.caller}, ${audit.requestId}
-      WHERE NOT EXISTS (SELECT 1 FROM done) AND NOT EXISTS (SELECT 1 FROM repeated)
-        AND EXISTS (SELECT 1 FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant})
-      RETURNING id
-    )
-    SELECT EXISTS (SELECT 1 FROM done) AS completed, EXISTS (SELECT 1 FROM repeated) AS repeated`
-  return row!
-}
-
 /** Ends this holder's attempt: back to queued after backoff when retryable and attempts remain, else failed. */
 export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, retryable: boolean) {
   const [row] = await db.sql<{ state: string }>`
@@ -219,7 +192,8 @@ export type JobStore = ReturnType<typeof createJobStore>
  * const jobs = createJobStore(db)
  * const claimed = await jobs.claimOne({ tenant: 'default', workerId: 'w1', types: config.job_types })
  */
-export function createJobStore(db: Db) {
+export function createJobStore(db: Db, options: { schedule?: Schedule } = {}) {
+  const completer = createJobCompleter(db, options.schedule)
   return {
     startJob: (s: Parameters<typeof startJob>[1]) => startJob(db, s),
     startJobs: (tenant: string, items: StartItem[]) => startJobs(db, tenant, items),
@@ -229,7 +203,8 @@ export function createJobStore(db: Db) {
     failOverRuntime: (h: Holder, types: JobType[]) => failOverRuntime(db, h, types),
     lostReason: (h: Holder) => lostReason(db, h),
     append: (h: Holder, seq: number, chunk: unknown) => append(db, h, seq, chunk),
-    complete: (h: Holder, result: unknown, audit: Parameters<typeof complete>[3]) => complete(db, h, result, audit),
+    /** Completes under the live lease; the completions of one turn share a statement (src/leases/complete.ts). */
+    complete: (h: Holder, result: unknown, audit: CompletionAudit) => completer.complete(h, result, audit),
     fail: (h: Holder, types: JobType[], error: unknown, retryable: boolean) => fail(db, h, types, error, retryable),
     release: (h: Holder) => release(db, h),
     cancel: (tenant: string, jobId: string) => cancel(db, tenant, jobId),

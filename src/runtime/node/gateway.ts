@@ -85,7 +85,8 @@ export async function startGateway(options: {
     throw err
   }
   const upstream = createUndiciForward()
-  const jobs = instrument(createJobStore(db), metrics)
+  // Job completions of one turn share a statement, as idempotency completions do.
+  const jobs = instrument(createJobStore(db, { schedule: setImmediate }), metrics)
   const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
   const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: ServerType | undefined
