@@ -58,6 +58,12 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
 
   // A label left out is absent from the series, which reads better than an empty value.
   const routeLabel = (route: string | undefined) => (route === undefined ? {} : { route })
+  // The hot path's series, each labelled child made once: prom-client hashes and validates
+  // the labels on every call otherwise (6% of a passthrough's CPU in the bench's profile).
+  const requestCount = labelled((k: { route?: string; outcome: string; code?: string }) => requests.labels({ ...routeLabel(k.route), outcome: k.outcome, ...(k.code ? { code: k.code } : {}) }))
+  const requestTime = labelled((k: { route?: string; outcome: string }) => requestSeconds.labels({ ...routeLabel(k.route), outcome: k.outcome }))
+  const upstreamTime = labelled((k: { route: string }) => upstreamSeconds.labels({ route: k.route }))
+  const storeTime = labelled((k: { call: string; result: string }) => storeSeconds.labels(k))
 
   async function refreshGauges(): Promise<void> {
     if (!options.readGauges) return
@@ -86,11 +92,11 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
       return registry.metrics()
     },
     request(e) {
-      requests.inc({ ...routeLabel(e.route), outcome: e.outcome, ...(e.code ? { code: e.code } : {}) })
-      requestSeconds.observe({ ...routeLabel(e.route), outcome: e.outcome }, e.durationMs / 1000)
+      requestCount(`${e.route ?? '\u0001'}\u0000${e.outcome}\u0000${e.code ?? ''}`, { route: e.route, outcome: e.outcome, code: e.code }).inc()
+      requestTime(`${e.route ?? '\u0001'}\u0000${e.outcome}`, { route: e.route, outcome: e.outcome }).observe(e.durationMs / 1000)
     },
-    upstream: (e) => upstreamSeconds.observe({ route: e.route }, e.durationMs / 1000),
-    storeCall: (e) => storeSeconds.observe({ call: e.call, result: e.failed ? 'error' : 'ok' }, e.durationMs / 1000),
+    upstream: (e) => upstreamTime(e.route, { route: e.route }).observe(e.durationMs / 1000),
+    storeCall: (e) => storeTime(`${e.call}\u0000${e.failed ? 'error' : 'ok'}`, { call: e.call, result: e.failed ? 'error' : 'ok' }).observe(e.durationMs / 1000),
     highestFenceUpdated: (e) => fenceUpdates.inc({ route: e.route }),
     jobClaimed(e) {
       claims.inc({ type: e.type })
@@ -106,5 +112,18 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
     resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
     adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
     rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
+  }
+}
+
+/** A cache of labelled children by a key that names their labels; `make` runs once per key. */
+function labelled<L, C>(make: (labels: L) => C): (key: string, labels: L) => C {
+  const children = new Map<string, C>()
+  return (key, labels) => {
+    let child = children.get(key)
+    if (child === undefined) {
+      child = make(labels)
+      children.set(key, child)
+    }
+    return child
   }
 }
