@@ -30,8 +30,8 @@ export interface PostgresOptions {
  *   while the old one finishes what it runs. postgres.js 3.4.9 carries a dropped
  *   connection's state into its reconnect: the dead backend's `57P01`, replayed onto the next
  *   statement (porsager/postgres#1215, #1223), and a write it never flushed, which stalls the
- *   next startup until `connect_timeout` (porsager/postgres#1209). While the old client
- *   drains, the process may hold up to twice `max` connections.
+ *   next startup until `connect_timeout` (porsager/postgres#1209). Until a retired client's
+ *   statements finish (its `end` waits at most 5 s), its connections count on top of `max`.
  * - One retry, on the current client, of a statement that failed before it could have
  *   reached the server (`failedBeforeSending`).
  *
@@ -60,13 +60,14 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   // LISTEN gets a client of its own, never retired: postgres.js re-listens after a drop.
   let listener: postgres.Sql | undefined
   const draining = new Set<Promise<void>>()
-  const retire = (failed: postgres.Sql) => {
-    if (failed !== client) return
+  // A failure that lost its connection retires the client it ran on, once.
+  const failedOn = (failed: postgres.Sql, err: StoreError) => {
+    if (failed !== client || !connectionLost(err)) return
     client = open()
     const done = failed.end({ timeout: 5 }).catch(() => {}).then(() => void draining.delete(done))
     draining.add(done)
   }
-  const db = pooled(() => client, retire, options.pooler === 'transaction' ? inFlight(max) : undefined)
+  const db = pooled(() => client, failedOn, options.pooler === 'transaction' ? inFlight(max) : undefined)
   return {
     ...db,
     listen: (channel, onNotify, onReconnect) => listenOn((listener ??= open()), channel, onNotify, onReconnect),
@@ -160,15 +161,18 @@ async function listenOn(sql: postgres.Sql, channel: string, onNotify: (payload: 
   }
 }
 
-/** The Db on whichever client is current; a failure that lost a connection retires its client. */
-function pooled(current: () => postgres.Sql, retire: (failed: postgres.Sql) => void, gate: Gate = (run) => run()): Db {
+/** What becomes of the client a statement failed on (`connectPostgres` retires one that lost its connection). */
+type FailedOn = (client: postgres.Sql, err: StoreError) => void
+
+/** The Db on whichever client is current; every failure is reported with the client it ran on. */
+function pooled(current: () => postgres.Sql, failedOn: FailedOn, gate: Gate = (run) => run()): Db {
   const lost = (client: postgres.Sql) => (err: unknown) => {
-    if (err instanceof StoreError && connectionLost(err)) retire(client)
+    if (err instanceof StoreError) failedOn(client, err)
     throw err
   }
   return {
     kind: 'postgres',
-    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, retire, strings, values)),
+    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, failedOn, strings, values)),
     exec: (script) => gate(() => {
       const client = current()
       return client.unsafe(script).then(() => undefined, (err: unknown) => lost(client)(toStoreError(err)))
@@ -203,7 +207,7 @@ function inTransaction(tx: postgres.TransactionSql): Db {
  * One statement on the current client. A statement that lost its connection retires that
  * client; one that provably never reached a server is retried once, on the client current then.
  */
-async function statement<T>(current: () => postgres.Sql, retire: (failed: postgres.Sql) => void, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
+async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
   const params = toParams(values) as never[]
   for (let attempt = 0; ; attempt++) {
     const client = current()
@@ -212,7 +216,7 @@ async function statement<T>(current: () => postgres.Sql, retire: (failed: postgr
       return (await query) as unknown as T[]
     } catch (raw) {
       const err = toStoreError(raw)
-      if (connectionLost(err)) retire(client)
+      failedOn(client, err)
       if (attempt > 0 || !failedBeforeSending(query)) throw err
     }
   }
