@@ -6,7 +6,7 @@ import { FencegateError } from './problems.js'
  * anything is forwarded.
  */
 export async function readBody(request: Request, limit: number): Promise<Uint8Array> {
-  if (rejectDeclaredOversize(request, limit)) {
+  if (declaredLength(request, limit) !== undefined) {
     // A declared length bounds the body (HTTP framing), so it can be read in one go: on
     // Node that skips building a Web stream for it. A body longer than it claimed (only
     // possible for a Request made in-process) is still refused.
@@ -86,11 +86,6 @@ function declaredLength(request: Request, limit: number): number | undefined {
   if (declared === null || !/^\d+$/.test(declared)) return undefined
   if (Number(declared) > limit) throw tooLarge(limit)
   return Number(declared)
-}
-
-/** Refuses a declared length over the limit; true when a length was declared. */
-function rejectDeclaredOversize(request: Request, limit: number): boolean {
-  return declaredLength(request, limit) !== undefined
 }
 
 function tooLarge(limit: number): FencegateError {

@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
 import { ForwardError, wholeBody, type Forward } from '../../gateway/forward.js'
+import { wholeAnswerLimit } from '../../gateway/outcome.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
@@ -77,16 +78,14 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
 }
 
 /**
- * An answer up to this size whose length the upstream declared is read whole before the
- * Response is made: @hono/node-server then writes headers and body in one call, with no Web
- * stream between the two sockets (the streams cost about a fifth of a passthrough's CPU).
+ * The declared length of an answer to read whole before the Response is made: up to the
+ * same `wholeAnswerLimit` the pipeline reads a held key's answer to. @hono/node-server then
+ * writes headers and body in one call, with no Web stream between the two sockets.
  */
-const smallAnswerLimit = 64 * 1024
-
 function smallDeclaredLength(value: string | string[] | undefined): number | undefined {
   if (typeof value !== 'string' || !/^\d{1,6}$/.test(value)) return undefined
   const length = Number(value)
-  return length <= smallAnswerLimit ? length : undefined
+  return length <= wholeAnswerLimit ? length : undefined
 }
 
 /**
