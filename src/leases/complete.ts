@@ -22,10 +22,6 @@ export interface JobCompletion {
   repeated: boolean
 }
 
-// A batch stays one ordinary statement; results are small JSON documents.
-const maxBatch = 100
-const maxBatchResultBytes = 4 * 1024 * 1024
-
 /**
  * Completes jobs under their live leases, the completions of one event-loop turn in ONE
  * statement (one commit), as the gateway does for idempotency records. Each completion
@@ -40,9 +36,8 @@ const maxBatchResultBytes = 4 * 1024 * 1024
 export function createJobCompleter(db: Db, schedule?: Schedule) {
   const batcher = createBatcher<Completing, JobCompletion>({
     schedule,
-    maxItems: maxBatch,
+    // Up to createBatcher's 100 completions and 4 MiB of results per statement.
     weight: (c) => c.result.length,
-    maxWeight: maxBatchResultBytes,
     write: (batch) => completeAll(db, batch),
   })
   return {

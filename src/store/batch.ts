@@ -9,10 +9,11 @@ export type Schedule = (flush: () => void) => void
 
 export interface BatchOptions<I, O> {
   schedule?: Schedule
-  /** Items per statement; a fuller batch is written at once and a new one started. */
-  maxItems: number
+  /** Items per statement (default 100); a fuller batch is written at once and a new one started. */
+  maxItems?: number
   /** An item's share of `maxWeight` (e.g. its body's bytes); a batch past it is split. */
   weight?: (item: I) => number
+  /** Default 4 MiB. */
   maxWeight?: number
   /** Writes a batch in one statement; resolves to each item's outcome, in order. */
   write: (items: I[]) => Promise<O[]>
@@ -27,11 +28,14 @@ export interface BatchOptions<I, O> {
  * statement. `drain()` writes what is pending and waits for every write under way.
  *
  * @example
- * const batcher = createBatcher({ schedule: setImmediate, maxItems: 100, write: (rows) => insertAll(db, rows) })
+ * const batcher = createBatcher({ schedule: setImmediate, write: (rows) => insertAll(db, rows) })
  * const outcome = await batcher.add(row)
  */
 export function createBatcher<I, O>(o: BatchOptions<I, O>) {
   const schedule = o.schedule ?? queueMicrotask
+  // A batch stays small enough to be one ordinary statement; a larger one is split.
+  const maxItems = o.maxItems ?? 100
+  const maxWeight = o.maxWeight ?? 4 * 1024 * 1024
   let batch: { item: I; resolve: (out: O) => void; reject: (err: unknown) => void }[] = []
   let weight = 0
   const writing = new Set<Promise<void>>()
@@ -49,7 +53,7 @@ export function createBatcher<I, O>(o: BatchOptions<I, O>) {
   function add(item: I): Promise<O> {
     return new Promise<O>((resolve, reject) => {
       const w = o.weight?.(item) ?? 0
-      const full = batch.length >= o.maxItems || (o.maxWeight !== undefined && weight + w > o.maxWeight)
+      const full = batch.length >= maxItems || weight + w > maxWeight
       if (batch.length > 0 && full) flush()
       if (batch.length === 0) schedule(flush)
       batch.push({ item, resolve, reject })

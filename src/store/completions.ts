@@ -18,10 +18,6 @@ interface Pending {
   completion: Completion
 }
 
-// One batch stays small enough to be one ordinary statement; a larger one is split.
-const maxBatch = 100
-const maxBatchBodyBytes = 4 * 1024 * 1024
-
 /**
  * Stores finished requests' responses for replay (`completed`), or records that
  * one was too large to keep (`not_replayable`). Under load many requests finish
@@ -42,9 +38,8 @@ const maxBatchBodyBytes = 4 * 1024 * 1024
 export function createCompleter(db: Db, schedule?: Schedule) {
   const batcher = createBatcher<Pending, boolean>({
     schedule,
-    maxItems: maxBatch,
+    // Up to createBatcher's 100 completions and 4 MiB of bodies per statement.
     weight: ({ completion: c }) => (c.replayable ? c.response.body.byteLength : 0),
-    maxWeight: maxBatchBodyBytes,
     write: async (batch) => {
       const applied = await completeAll(db, batch)
       return batch.map((_, i) => applied.has(i))
