@@ -94,18 +94,7 @@ export async function purgeExpired(db: Db, limit: number): Promise<number> {
 }
 
 /** An entity's idempotency record in a list: what an operator needs, never a body or a fingerprint. */
-export interface EntityKey {
-  key: string
-  state: KeyState['state']
-  route: string
-  fence: string | null
-  status: number | null
-  attempt: number
-  request_id: string
-  created_at: string
-  completed_at: string | null
-  expires_at: string
-}
+export type EntityKey = Pick<KeyState, 'key' | 'state' | 'route' | 'fence' | 'status' | 'attempt' | 'request_id' | 'created_at' | 'completed_at' | 'expires_at'>
 
 /**
  * An entity's live idempotency records, newest first (at most `limit`). There is
