@@ -1,5 +1,5 @@
 import { Hono } from 'hono'
-import { entityPageSchema, parseAuditSummaryQuery, parseQuery, storeCall, tenantFor, type AdminEnv } from './query.js'
+import { entityPageSchema, keysetPage, parseAuditSummaryQuery, parseQuery, storeCall, tenantFor, type AdminEnv } from './query.js'
 import type { Store } from '../store/store.js'
 
 /** One page of an entity's fence history: `next_cursor` is null on the last page. */
@@ -24,10 +24,8 @@ export function createHistoryApp(store: Store): Hono<AdminEnv> {
     const p = parseQuery(entityPageSchema, new URL(c.req.url).searchParams)
     const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
     const limit = p.limit === undefined ? 100 : Number(p.limit)
-    // One row more than the page tells whether another page exists.
-    const rows = await storeCall(() => store.listFenceHistory({ tenant, entity: c.req.param('entity'), limit: limit + 1, before: p.before }))
-    const items = rows.slice(0, limit)
-    return c.json({ items, next_cursor: rows.length > limit ? items.at(-1)!.id : null } satisfies FenceHistoryPage)
+    const page = await storeCall(() => keysetPage(limit, (n) => store.listFenceHistory({ tenant, entity: c.req.param('entity'), limit: n, before: p.before }), (item) => item.id))
+    return c.json(page satisfies FenceHistoryPage)
   })
 
   app.get('/entities/:entity/keys', async (c) => {

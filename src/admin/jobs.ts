@@ -1,6 +1,6 @@
 import { Hono } from 'hono'
 import { z } from 'zod'
-import { parseQuery, storeCall, tenantFor, tenantParam, type AdminEnv } from './query.js'
+import { keysetPage, parseQuery, storeCall, tenantFor, tenantParam, type AdminEnv } from './query.js'
 import { getJobDetail, listJobs, type JobSummary } from '../leases/list.js'
 import { FencegateError } from '../http/problems.js'
 import type { Db } from '../store/db.js'
@@ -30,9 +30,8 @@ export function createAdminJobsApp(db: Db): Hono<AdminEnv> {
     const p = parseQuery(jobListQuerySchema, new URL(c.req.url).searchParams)
     const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
     const limit = p.limit === undefined ? 100 : Number(p.limit)
-    const rows = await storeCall(() => listJobs(db, { tenant, state: p.state, type: p.type, limit: limit + 1, before: p.before }))
-    const items: JobSummary[] = rows.slice(0, limit)
-    return c.json({ items, next_cursor: rows.length > limit ? items.at(-1)!.job_id : null })
+    const page = await storeCall(() => keysetPage<JobSummary>(limit, (n) => listJobs(db, { tenant, state: p.state, type: p.type, limit: n, before: p.before }), (item) => item.job_id))
+    return c.json(page)
   })
 
   app.get('/:id', async (c) => {

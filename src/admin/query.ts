@@ -170,11 +170,22 @@ export interface AuditPage {
   next_cursor: string | null
 }
 
-/** Reads one page, asking for one row more than the limit to know whether another page exists. */
-export async function readAuditPage(store: Store, query: AuditQuery): Promise<AuditPage> {
-  const rows = await store.listAudit({ ...query, limit: query.limit + 1 })
-  const items = rows.slice(0, query.limit)
-  return { items, next_cursor: rows.length > query.limit ? items.at(-1)!.id : null }
+/**
+ * One keyset page: `read` is asked for one row more than `limit`, which tells whether
+ * another page exists; the cursor is the last item's (numeric) position.
+ *
+ * @example
+ * const page = await keysetPage(100, (n) => store.listAudit({ ...query, limit: n }), (item) => item.id)
+ */
+export async function keysetPage<T>(limit: number, read: (limit: number) => Promise<T[]>, cursorOf: (item: T) => string): Promise<{ items: T[]; next_cursor: string | null }> {
+  const rows = await read(limit + 1)
+  const items = rows.slice(0, limit)
+  return { items, next_cursor: rows.length > limit ? cursorOf(items.at(-1)!) : null }
+}
+
+/** Reads one page of the audit trail. */
+export function readAuditPage(store: Store, query: AuditQuery): Promise<AuditPage> {
+  return keysetPage(query.limit, (limit) => store.listAudit({ ...query, limit }), (item) => item.id)
 }
 
 /** The body of `POST /entities/{entity}/bump`: what `parseBump` accepts and the OpenAPI document describes. */
