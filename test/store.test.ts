@@ -65,17 +65,23 @@ describe.each(backends())('store on $name', (backend) => {
     expect(await t.store.getEntity('c', 'invoice:1')).toBeUndefined()
   })
 
-  it('stamps updated_at with the database clock only when a fence is accepted', async () => {
-    await t.store.reserve(command('e', '5'))
+  it('stamps updated_at with the database clock only when a fence raises the highest; an equal fence writes nothing', async () => {
+    await t.store.reserve(command('e', '5', { requestId: 'first' }))
     const [{ now }] = await t.db.sql<{ now: string }>`SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS now`
     const state = await t.store.getEntity('default', 'e')
     expect(state!.updated_at.slice(0, 10)).toBe(now)
     expect(state!.updated_at).toMatch(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/)
     await t.db.sql`UPDATE fg_fences SET updated_at = '2000-01-01T00:00:00Z'`
-    await t.store.reserve(command('e', '4'))
-    expect((await t.store.getEntity('default', 'e'))!.updated_at).toBe('2000-01-01T00:00:00.000000Z')
-    await t.store.reserve(command('e', '5'))
-    expect((await t.store.getEntity('default', 'e'))!.updated_at.slice(0, 10)).toBe(now)
+    const [{ version }] = await t.db.sql<{ version: string }>`SELECT xmin::text AS version FROM fg_fences WHERE entity = 'e'`
+    expect(await t.store.reserve(command('e', '4', { requestId: 'stale' }))).toEqual({ kind: 'stale', highest: '5' })
+    expect(await t.store.reserve(command('e', '5', { requestId: 'equal' }))).toEqual({ kind: 'proceed', highest: '5' })
+    expect(await t.store.getEntity('default', 'e')).toMatchObject({ updated_at: '2000-01-01T00:00:00.000000Z', request_id: 'first' })
+    // Not even a new row version: the stale and the equal fence were decided by a read.
+    expect((await t.db.sql<{ version: string }>`SELECT xmin::text AS version FROM fg_fences WHERE entity = 'e'`)[0]!.version).toBe(version)
+    await t.store.reserve(command('e', '6', { requestId: 'raise' }))
+    const raised = await t.store.getEntity('default', 'e')
+    expect(raised!.updated_at.slice(0, 10)).toBe(now)
+    expect(raised!.request_id).toBe('raise')
   })
 
   it('records rejections and filters the audit trail by every field', async () => {
