@@ -11,7 +11,7 @@ import { wrkAvailable, type LoadGenerator } from './load.js'
 import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
 import { parseOptions, usage, UsageError, type BenchOptions } from './run-options.js'
 import { memoryKiB } from './procs.js'
-import { completeKeys, probeCase } from './prepare.js'
+import { completeKeys, probeCase, seedEntities } from './prepare.js'
 import { context, printTargets, resultJson, rows, table, targets, type Results } from './report.js'
 import { prepareStore, type BenchStore } from './fresh-db.js'
 import { startSystems, type SystemName, type Systems } from './systems.js'
@@ -66,6 +66,15 @@ async function prepareCases(options: BenchOptions, selected: Case[], systems: Sy
   const gateway = systems.running.gateway
   const replay = selected.find((c) => c.name === 'fg-replay')
   if (gateway && replay) console.log(`replay pool: ${await completeKeys(gateway.url, traffic(replay), options.connections, spec.signal)}`)
+  // Once per system and path: fg-spread and fg-key share the gateway's invoice entities,
+  // hand-fence and hand-key the hand-rolled table.
+  const seeded = new Set<string>()
+  for (const c of selected) {
+    const system = systems.running[c.system]
+    if (!system || c.seedPath === undefined || seeded.has(`${c.system} ${c.seedPath}`)) continue
+    seeded.add(`${c.system} ${c.seedPath}`)
+    console.log(`seeding: ${await seedEntities(system.url, { ...traffic(c), path: c.seedPath, key: 'none' }, options.connections, spec.signal)}`)
+  }
   for (const c of selected) {
     const problem = await probeCase(c, systems.running[c.system]!.url, traffic(c))
     if (problem) console.log(`warning: ${c.name}: ${problem}`)

@@ -17,7 +17,7 @@ export interface Traffic {
   /** Unique per run, so a new key is never one sent before. */
   keyPrefix: string
   replayPrefix: string
-  /** One fence per run, higher than every earlier run's: equal fences are accepted, so none goes stale. */
+  /** One fence for the whole bench: equal fences are accepted, so none goes stale. */
   fence: string
   /**
    * When set, every request presents a higher fence than the one before: `<raiseBase><n>`, n
