@@ -66,124 +66,27 @@ interface ReserveRow {
 }
 
 /**
- * Presents the fence and reserves the key in ONE statement: the fence is
- * decided first (a stale fence touches no key), then the key is inserted, or
- * the existing record is locked and returned. A record is taken over only when
- * it expired, or when it is an unknown outcome of the same payload on a route
- * with `on_unknown_outcome: retry`; an in-flight record whose lock expired
- * becomes `outcome_unknown`. Stale fences and reused keys are audited in the
- * same statement, so a rejection costs one round trip. As in `presentFence`,
- * only a fence above the snapshot's highest writes the fence row. A duplicate
- * of a completed key whose fence equals the entity's highest (or that has no
- * fence) is a replay that moves nothing: it writes neither the fence row nor
- * the key's row, so it costs no commit flush.
+ * Presents the fence and reserves the key in ONE statement, `fg_reserve`
+ * (migrations/0012_reserve_function.sql): the fence is decided first (a stale
+ * fence touches no key), then the key is inserted, or the existing record is
+ * locked and returned. A record is taken over only when it expired, or when it
+ * is an unknown outcome of the same payload on a route with
+ * `on_unknown_outcome: retry`; an in-flight record whose lock expired becomes
+ * `outcome_unknown`. Stale fences and reused keys are audited in the same
+ * statement, so a rejection costs one round trip. As in `presentFence`, only a
+ * fence above the snapshot's highest writes the fence row. A duplicate of a
+ * completed key whose fence equals the entity's highest (or that has no fence)
+ * is a replay that moves nothing: the function answers it with a read before
+ * anything that writes, so it costs no commit flush.
  */
 export async function reserve(db: Db, c: Command): Promise<Reservation> {
   if (!c.idempotency && !c.leaseJob) return presentFence(db, c)
   const k = c.idempotency
-  const leaseJob = c.leaseJob ?? null
   const [row] = await db.sql<ReserveRow>`
-    WITH current AS (
-      -- The entity's highest fence on the statement's snapshot: a fence at or below it is
-      -- decided by this read alone (see presentFence).
-      SELECT highest_fence FROM fg_fences WHERE tenant = ${c.tenant} AND entity = ${c.entity}
-    ), replay AS (
-      -- A completed answer to replay while the fence stays where it is: decided on the
-      -- statement's snapshot and written nowhere, so the commit has nothing to flush.
-      SELECT k.status, k.headers::text AS headers, k.body FROM fg_idempotency AS k
-      WHERE ${leaseJob}::bigint IS NULL AND k.tenant = ${c.tenant} AND k.key = ${k?.key} AND k.state = 'completed'
-        AND k.fingerprint = ${k?.fingerprint ?? null} AND k.expires_at > now()
-        AND (${c.fence}::bigint IS NULL OR EXISTS (SELECT 1 FROM current WHERE highest_fence = ${c.fence}::bigint))
-    ), lease AS (
-      -- A function, so that the job table is planned and locked only for lease-bound commands:
-      -- carrying it in every key's statement cost PostgreSQL a fifth of the statement's CPU.
-      SELECT CASE WHEN ${leaseJob}::bigint IS NULL THEN true
-                  ELSE fg_lease_live(${c.tenant}, ${leaseJob}::bigint, ${c.fence}::bigint) END AS live
-    ), lease_refused AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, body_sha256, caller, request_id, idempotency_key)
-      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'lease_expired', ${c.fence}::bigint, ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
-      FROM lease WHERE NOT live
-      RETURNING id
-    ), decided AS (
-      INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
-      SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId}
-      WHERE ${c.fence}::bigint IS NOT NULL AND (SELECT live FROM lease)
-        AND NOT EXISTS (SELECT 1 FROM replay)
-        AND NOT EXISTS (SELECT 1 FROM current WHERE highest_fence >= ${c.fence}::bigint)
-      ON CONFLICT (tenant, entity) DO UPDATE
-        SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
-            updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
-            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END,
-            previous_fence = f.highest_fence
-      RETURNING highest_fence, previous_fence
-    ), outcome AS (
-      -- One row for a fenced command under a live lease: the upsert's answer, or the snapshot's.
-      SELECT highest_fence FROM decided
-      UNION ALL
-      SELECT highest_fence FROM current WHERE highest_fence >= ${c.fence}::bigint AND (SELECT live FROM lease)
-    ), moved AS (
-      -- The fence's history, by the statement that moved it (see fence-history.ts).
-      INSERT INTO fg_fence_history (tenant, entity, old_fence, new_fence, source, route, caller, request_id)
-      SELECT ${c.tenant}, ${c.entity}, previous_fence, highest_fence, 'command', ${c.route}, ${c.caller}, ${c.requestId}
-      FROM decided WHERE previous_fence IS NULL OR highest_fence > previous_fence
-      RETURNING id
-    ), stale AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
-      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'stale_fence', ${c.fence}::bigint, highest_fence,
-             ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
-      FROM outcome WHERE highest_fence > ${c.fence}::bigint
-      RETURNING id
-    ), reserved AS (
-      INSERT INTO fg_idempotency AS k (tenant, key, fingerprint, route, state, entity, fence, locked_until, expires_at, owner_token, request_id)
-      SELECT ${c.tenant}, ${k?.key}, ${k?.fingerprint}, ${c.route}, 'in_flight', ${c.entity}, ${c.fence}::bigint,
-             now() + ${k?.lockMs}::bigint * interval '1 millisecond',
-             now() + (${k?.lockMs}::bigint + ${k?.ttlMs}::bigint) * interval '1 millisecond',
-             ${k?.ownerToken}, ${c.requestId}
-      WHERE ${k?.key}::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stale) AND NOT EXISTS (SELECT 1 FROM lease_refused)
-        AND NOT EXISTS (SELECT 1 FROM replay)
-      ON CONFLICT (tenant, key) DO UPDATE SET
-        (state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
-         request_id, attempt, created_at, completed_at, status, headers, body) = (
-          SELECT state, owner_token, fingerprint, route, entity, fence, locked_until, expires_at,
-                 request_id, attempt, created_at, completed_at, status, headers, body
-          FROM (
-            -- Takeover: the record expired, or it is an unknown outcome of this very payload
-            -- and the route retries those. The new request owns a fresh in-flight record.
-            SELECT 0 AS pick, 'in_flight' AS state, EXCLUDED.owner_token AS owner_token, EXCLUDED.fingerprint AS fingerprint,
-                   EXCLUDED.route AS route, EXCLUDED.entity AS entity, EXCLUDED.fence AS fence,
-                   EXCLUDED.locked_until AS locked_until, EXCLUDED.expires_at AS expires_at, EXCLUDED.request_id AS request_id,
-                   CASE WHEN k.expires_at <= now() THEN 1 ELSE k.attempt + 1 END AS attempt, now() AS created_at,
-                   NULL::timestamptz AS completed_at, NULL::integer AS status, NULL::jsonb AS headers, NULL::bytea AS body
-            WHERE k.expires_at <= now()
-               OR (${k?.retryUnknown ?? false}::boolean AND k.fingerprint = EXCLUDED.fingerprint
-                   AND (k.state = 'outcome_unknown' OR (k.state = 'in_flight' AND k.locked_until <= now())))
-            UNION ALL
-            -- Otherwise the record stays, except that an in-flight lock that expired
-            -- unconfirmed turns into an unknown outcome.
-            SELECT 1, CASE WHEN k.state = 'in_flight' AND k.locked_until <= now() THEN 'outcome_unknown' ELSE k.state END,
-                   k.owner_token, k.fingerprint, k.route, k.entity, k.fence,
-                   CASE WHEN k.state = 'in_flight' AND k.locked_until <= now() THEN NULL ELSE k.locked_until END,
-                   k.expires_at, k.request_id, k.attempt, k.created_at, k.completed_at, k.status, k.headers, k.body
-          ) AS choice
-          ORDER BY pick LIMIT 1)
-      RETURNING k.state, k.owner_token = ${k?.ownerToken ?? null} AS owned, k.fingerprint = ${k?.fingerprint ?? null} AS same_payload,
-                k.status, k.headers::text AS headers, k.body,
-                GREATEST(0, ceil(extract(epoch FROM (k.locked_until - now())) * 1000))::integer AS retry_after_ms,
-                GREATEST(0, floor(extract(epoch FROM (now() - k.created_at)) * 1000))::integer AS age_ms
-    ), reused AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
-      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'idempotency_key_reused', ${c.fence}::bigint, NULL,
-             ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key}
-      FROM reserved WHERE NOT owned AND NOT same_payload
-      RETURNING id
-    )
-    SELECT true AS lease_ok, ${c.fence}::bigint::text AS highest, 'completed' AS state, false AS owned, true AS same_payload,
-           status, headers, body, 0 AS retry_after_ms, 0 AS age_ms
-    FROM replay
-    UNION ALL
-    SELECT NOT EXISTS (SELECT 1 FROM lease_refused), (SELECT highest_fence::text FROM outcome), r.state, r.owned, r.same_payload, r.status, r.headers, r.body, r.retry_after_ms, r.age_ms
-    FROM (SELECT 1) AS one LEFT JOIN reserved AS r ON true
-    WHERE NOT EXISTS (SELECT 1 FROM replay)`
+    SELECT * FROM fg_reserve(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
+      ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key ?? null}, ${k?.fingerprint ?? null},
+      ${k?.ownerToken ?? null}, ${k?.lockMs ?? null}::bigint, ${k?.ttlMs ?? null}::bigint, ${k?.retryUnknown ?? false}::boolean,
+      ${c.leaseJob ?? null}::bigint)`
   return decide(row!, c)
 }
 
