@@ -1,6 +1,6 @@
 /**
- * fencegate's public API on Node: the two planes as Hono apps, the gateway started on
- * Node, the stores, the undici forward, configuration and the error catalog. The worker
+ * fencegate's public API on Node: the two planes as Hono apps (and the data plane's pipeline
+ * with its Node listener), the gateway started on Node, the stores, the undici forward, configuration and the error catalog. The worker
  * SDK is `fencegate/client`, the upstream's attestation check `fencegate/verify`; the
  * Workers entry is src/runtime/workers/entry.ts (wrangler.toml).
  *
@@ -13,10 +13,12 @@
  * const app = createApp({ config, store, forward: createUndiciForward().forward })
  * const res = await app.request('/payments/42/capture', { method: 'POST', headers: { 'x-execution-fence': '7' } })
  */
-export { createApp, requestIdOf, type AppDeps } from './gateway/app.js'
+export { createApp, createDataPlane, requestIdOf, type AppDeps, type HandleCommand } from './gateway/app.js'
+export { webInbound, type Inbound } from './gateway/inbound.js'
+export { toResponse, type Answer, type HeaderView } from './http/exchange.js'
 export type { Forward, ForwardRequest } from './gateway/forward.js'
 export { createAdminApp, type AdminDeps } from './admin/app.js'
-export { startGateway, openDb, databaseUrlFor, type RunningGateway } from './runtime/node/gateway.js'
+export { startGateway, openDb, databaseUrlFor, dataPlaneListener, type RunningGateway } from './runtime/node/gateway.js'
 export { createUndiciForward, type UndiciForward } from './runtime/node/forward.js'
 export { installProcessPolicy } from './runtime/node/process-policy.js'
 export { createStore, type Store, type StoreOptions } from './store/store.js'

@@ -5,12 +5,12 @@ import { join } from 'node:path'
 import { exportPKCS8, exportSPKI, generateKeyPair } from 'jose'
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/admin/app.js'
-import { createApp } from '../src/gateway/app.js'
+import { createDataPlane } from '../src/gateway/app.js'
 import { createAttestationSigner, type AttestationSigner } from '../src/gateway/attest.js'
 import { ConfigError, parseConfig, type Config } from '../src/config/schema.js'
 import { upstreamRequestHeaders } from '../src/gateway/forward.js'
 import { silentLogger } from '../src/observe/log.js'
-import { attestationSigner, guarded, listen } from '../src/runtime/node/gateway.js'
+import { attestationSigner, dataPlaneListener, listen } from '../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
 import { startRuleRegistry } from '../src/rules/registry.js'
 import { RuleError, validateRuleSet } from '../src/rules/schema.js'
@@ -33,8 +33,8 @@ beforeAll(async () => {
 /** The data plane with an injected signer, served over loopback as node.ts serves it. */
 async function startGateway(config: Config, store: TestDb['store'], attest: AttestationSigner | undefined) {
   const undici = createUndiciForward()
-  const app = createApp({ config, store, forward: undici.forward, ...(attest ? { attest } : {}) })
-  const server = await listen(guarded(app.fetch), '127.0.0.1', 0, config.server.max_header_bytes)
+  const plane = createDataPlane({ config, store, forward: undici.forward, ...(attest ? { attest } : {}) })
+  const server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
   return {
     url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
     close: async () => {

@@ -5,14 +5,14 @@
  * interval: ten minutes where a wake-up must be the notification's, since no test here
  * runs that long, and a short one where the tick itself is under test.
  */
-import type { ServerType } from '@hono/node-server'
+import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import postgres from 'postgres'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createApp } from '../src/gateway/app.js'
 import { createJobStore, type JobStore } from '../src/leases/store.js'
 import { createClaimWake, defaultFallbackMs, type ClaimWake } from '../src/leases/wake.js'
-import { guarded, listen } from '../src/runtime/node/gateway.js'
+import { honoListener, listen } from '../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
@@ -38,7 +38,7 @@ async function serve(t: TestDb, fallbackMs: number): Promise<Served> {
   const wake = createClaimWake({ listen: jobs.listenForWork, fallbackMs })
   const undici = createUndiciForward()
   const app = createApp({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
-  const server: ServerType = await listen(guarded(app.fetch), '127.0.0.1', 0, config.server.max_header_bytes)
+  const server: Server = await listen(honoListener(app.fetch), '127.0.0.1', 0, config.server.max_header_bytes)
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/_fencegate/jobs`,
     wake,

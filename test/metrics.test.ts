@@ -5,12 +5,12 @@ import type { ServerType } from '@hono/node-server'
 import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/admin/app.js'
-import { createApp } from '../src/gateway/app.js'
+import { createDataPlane } from '../src/gateway/app.js'
 import { parseConfig } from '../src/config/schema.js'
 import { createJobStore } from '../src/leases/store.js'
 import { silentLogger } from '../src/observe/log.js'
 import { instrument, readStoreGauges } from '../src/observe/metrics.js'
-import { guarded, listen, startGateway } from '../src/runtime/node/gateway.js'
+import { dataPlaneListener, honoListener, listen, startGateway } from '../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
 import { createPromMetrics } from '../src/runtime/node/metrics.js'
 import { backends, type TestDb } from './helpers/backends.js'
@@ -57,9 +57,9 @@ describe.each(backends())('metrics on $name', (backend) => {
     const metrics = createPromMetrics({ readGauges: () => readStoreGauges(t.db) })
     const undici = createUndiciForward()
     const store = instrument(t.store, metrics)
-    const app = createApp({ config, store, forward: undici.forward, jobs: instrument(createJobStore(t.db), metrics), metrics })
+    const plane = createDataPlane({ config, store, forward: undici.forward, jobs: instrument(createJobStore(t.db), metrics), metrics })
     const admin = createAdminApp({ store, metrics, exposition: metrics })
-    servers = [await listen(guarded(app.fetch), '127.0.0.1', 0, 16384), await listen(guarded(admin.fetch), '127.0.0.1', 0, 16384)]
+    servers = [await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, 16384), await listen(honoListener(admin.fetch), '127.0.0.1', 0, 16384)]
     url = `http://127.0.0.1:${(servers[0]!.address() as AddressInfo).port}`
     adminUrl = `http://127.0.0.1:${(servers[1]!.address() as AddressInfo).port}`
     close = async () => {

@@ -1,3 +1,4 @@
+import type { HeaderView } from '../http/exchange.js'
 import type { RouteConfig } from '../config/schema.js'
 import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
 
@@ -13,7 +14,7 @@ import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
  *
  * @example echoIdempotencyKey(response.headers, request, route.config)
  */
-export function echoIdempotencyKey(target: Headers | Record<string, string>, request: Request, route: RouteConfig): void {
+export function echoIdempotencyKey(target: Headers | Record<string, string>, request: { headers: HeaderView }, route: RouteConfig): void {
   if (route.idempotency === 'off') return
   const sent = request.headers.get(idempotencyHeader)
   try {

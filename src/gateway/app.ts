@@ -10,7 +10,9 @@ import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
 import { createPipeline } from './pipeline.js'
+import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
 import { FencegateError, problemResponse } from '../http/problems.js'
+import { webInbound, type Inbound } from './inbound.js'
 import { retryAfter } from './retry-hint.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
@@ -43,7 +45,7 @@ export type AppEnv = { Variables: { requestId: string } }
 const requestIdPattern = /^[A-Za-z0-9._:-]{1,128}$/
 
 /** Accepts a well-formed `X-Request-Id` or makes one, so every answer and log line carries an id. */
-export function requestIdOf(request: Request): string {
+export function requestIdOf(request: { headers: HeaderView }): string {
   const given = request.headers.get('x-request-id')
   return given !== null && requestIdPattern.test(given) ? given : crypto.randomUUID()
 }
@@ -57,6 +59,21 @@ export function requestIdOf(request: Request): string {
  * const res = await app.request('/payments/42/capture', { method: 'POST', headers: { 'x-execution-fence': '7' } })
  */
 export function createApp(deps: AppDeps): Hono<AppEnv> {
+  return createDataPlane(deps).app
+}
+
+/** The data plane's command pipeline over plain requests and answers (see `createPipeline`). */
+export type HandleCommand = (request: Inbound, requestId: string) => Promise<Answer>
+
+/**
+ * The data plane twice over one pipeline: as a Hono app (the job API, and every command
+ * as a Web `Request`), and as the pipeline itself, which Node's own server calls with a
+ * request it read straight off the socket (src/runtime/node/data-plane.ts).
+ *
+ * @example
+ * const { app, handle } = createDataPlane({ config, store, forward })
+ */
+export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: HandleCommand } {
   const log = deps.log ?? silentLogger
   const metrics = deps.metrics ?? noMetrics
   const rules = deps.rules ?? staticRules(deps.config)
@@ -69,7 +86,7 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
     if (!c.res.headers.has('x-request-id')) c.header('x-request-id', c.get('requestId'))
   })
   if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log, wake: deps.claimWake, metrics }))
-  app.all('*', (c) => handle(c.req.raw, c.get('requestId')))
+  app.all('*', async (c) => toResponse(await handle(webInbound(c.req.raw), c.get('requestId'))))
   // The pipeline renders its own failures; this also covers the job API.
   app.onError((err, c) => {
     if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
@@ -80,5 +97,5 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
     log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })
     return problemResponse(new FencegateError('internal_error'), c.get('requestId'))
   })
-  return app
+  return { app, handle }
 }

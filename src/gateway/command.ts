@@ -1,3 +1,4 @@
+import type { HeaderView } from '../http/exchange.js'
 import { isFormBody, parseFormBody } from '../http/form-body.js'
 import type { Identity } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
@@ -77,7 +78,7 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
  * body is parsed at most once, when read: as a form when its Content-Type says
  * so (src/form-body.ts), else as JSON.
  */
-export function entitySources(request: Request, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
+export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
   let body: unknown
   let parsed = false
   const form = isFormBody(request.headers.get('content-type'))

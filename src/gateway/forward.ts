@@ -1,3 +1,5 @@
+import type { HeaderView } from '../http/exchange.js'
+import type { BodySource } from './inbound.js'
 import { attestationHeader } from './attest.js'
 import type { RouteConfig } from '../config/schema.js'
 
@@ -8,7 +10,7 @@ export interface ForwardRequest {
   target: string
   method: string
   headers: Headers
-  body: Uint8Array | ReadableStream<Uint8Array> | null
+  body: BodySource
 }
 
 /**
@@ -51,7 +53,7 @@ const hopByHop = new Set([
   'idempotent-replayed',
 ])
 
-function withoutHopByHop(source: Headers): Headers {
+function withoutHopByHop(source: HeaderView): Headers {
   const listed = new Set((source.get('connection') ?? '').split(',').map((h) => h.trim().toLowerCase()).filter(Boolean))
   const out = new Headers()
   source.forEach((value, name) => {
@@ -61,7 +63,7 @@ function withoutHopByHop(source: Headers): Headers {
 }
 
 /** Headers to send upstream: the client's minus hop-by-hop ones (the Forward sets length and host). */
-export function upstreamRequestHeaders(inbound: Headers): Headers {
+export function upstreamRequestHeaders(inbound: HeaderView): Headers {
   const out = withoutHopByHop(inbound)
   // Only the gateway attests that a fence check passed: a client's own would be a forgery.
   out.delete(attestationHeader)

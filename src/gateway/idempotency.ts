@@ -1,3 +1,4 @@
+import type { Answer } from '../http/exchange.js'
 import { concatBytes, sha256Hex, type Digest } from '../http/body.js'
 import { FencegateError } from '../http/problems.js'
 import type { StoredResponse } from '../store/store.js'
@@ -73,12 +74,12 @@ export function storedHeaders(headers: Headers, extra: readonly string[] = []): 
 }
 
 /** Rebuilds a stored response, byte for byte, marked as a replay. */
-export function replayResponse(stored: StoredResponse, requestId: string): Response {
+export function replayAnswer(stored: StoredResponse, requestId: string): Answer {
   const headers = new Headers(stored.headers)
   headers.set(replayedHeader, 'true')
   headers.set('x-request-id', requestId)
   const empty = stored.status === 204 || stored.status === 304
-  return new Response(empty ? null : (stored.body as Uint8Array<ArrayBuffer>), { status: stored.status, headers })
+  return { status: stored.status, headers, body: empty ? null : stored.body }
 }
 
 /** How a captured response ended. */

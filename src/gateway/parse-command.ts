@@ -1,3 +1,4 @@
+import type { Inbound } from './inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import type { IdempotencyClaim } from '../store/store.js'
@@ -10,7 +11,7 @@ import type { Trace } from './trace.js'
 
 /** The request as the command parser reads it: its headers, its URL, the route's params and the body's bytes. */
 export interface CommandInput {
-  request: Request
+  request: Inbound
   url: URL
   params: Record<string, string>
   bytes: Uint8Array

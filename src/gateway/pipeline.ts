@@ -1,4 +1,4 @@
-import { limitBody, readBody } from '../http/body.js'
+import type { Answer } from '../http/exchange.js'
 import { requireScopes } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
@@ -9,6 +9,7 @@ import { audited } from './audited.js'
 import { entityOf, entitySources, leaseJobOf } from './command.js'
 import { contextOf, type PipelineContext, type PipelineDeps } from './context.js'
 import { clientResponseHeaders, wholeBodyOf } from './forward.js'
+import type { BodySource, Inbound } from './inbound.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
 import { logged, settleResponse } from './outcome.js'
 import { parseCommand, type CommandInput } from './parse-command.js'
@@ -27,7 +28,7 @@ const slotMarginMs = 1000
 /** The request body as the pipeline holds it: bytes when checked (hashed, parsed), else a counted stream. */
 interface HeldBody {
   bytes: Uint8Array | undefined
-  body: Uint8Array | ReadableStream<Uint8Array> | null
+  body: BodySource
   exceeded: () => boolean
 }
 
@@ -35,17 +36,18 @@ interface HeldBody {
  * The data-plane request pipeline, top to bottom:
  * route → identity → body → fence and key → reserve → (delivery slot) → forward → record → respond.
  * Each step is a function of its own module over the request and the trace; this one only
- * orders them. Every error it throws is a FencegateError that the app renders as problem+json.
+ * orders them. It reads a plain `Inbound` and gives a plain `Answer`, so each runtime moves
+ * the bytes its own way. Every error it throws is a FencegateError, rendered as problem+json.
  *
  * @example
  * const handle = createPipeline({ config, rules: staticRules(config), store, forward, authenticate, log, metrics })
- * const response = await handle(request, crypto.randomUUID())
+ * const answer = await handle(webInbound(request), crypto.randomUUID())
  */
 export function createPipeline(deps: PipelineDeps) {
   const ctx = contextOf(deps)
-  return async function handle(request: Request, requestId: string): Promise<Response> {
+  return async function handle(request: Inbound, requestId: string): Promise<Answer> {
     const started = performance.now()
-    const url = new URL(request.url)
+    const url = request.url
     const trace: Trace = { requestId, method: request.method, path: url.pathname }
     try {
       // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
@@ -82,7 +84,7 @@ export function createPipeline(deps: PipelineDeps) {
   }
 }
 
-function matchRoute(ctx: PipelineContext, request: Request, url: URL, trace: Trace): { route: Route; params: Record<string, string>; rules: RuleSet } {
+function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Trace): { route: Route; params: Record<string, string>; rules: RuleSet } {
   const rules = ctx.rules.current()
   trace.ruleVersion = rules.version
   const match = rules.router.match(request.method, url.pathname)
@@ -92,15 +94,15 @@ function matchRoute(ctx: PipelineContext, request: Request, url: URL, trace: Tra
   return { ...match, rules }
 }
 
-async function takeBody(ctx: PipelineContext, request: Request, route: Route, trace: Trace): Promise<HeldBody> {
+async function takeBody(ctx: PipelineContext, request: Inbound, route: Route, trace: Trace): Promise<HeldBody> {
   const rc = route.config
   const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
   if (!checked) {
-    const limited = await limitBody(request, ctx.bodyLimit)
-    return { bytes: undefined, body: limited.body, exceeded: limited.exceeded }
+    const passed = await request.passBody(ctx.bodyLimit)
+    return { bytes: undefined, body: passed.body, exceeded: passed.exceeded }
   }
   const bytes = await audited(ctx, trace, async () => {
-    const read = await readBody(request, ctx.bodyLimit)
+    const read = await request.readBody(ctx.bodyLimit)
     trace.bodySha256 = await ctx.digest(read)
     return read
   })
@@ -108,7 +110,7 @@ async function takeBody(ctx: PipelineContext, request: Request, route: Route, tr
 }
 
 /** Parses and reserves a checked command: a replay to answer at once, or the key now held (if any). */
-async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: Trace, rules: RuleSet): Promise<{ replay?: Response; held?: Held }> {
+async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: Trace, rules: RuleSet): Promise<{ replay?: Answer; held?: Held }> {
   const claim = await audited(ctx, trace, () => parseCommand(ctx, input, trace, rules))
   if (trace.fence === undefined && !claim) return {}
   const rc = trace.route!.config
@@ -137,7 +139,7 @@ async function takeDeliverySlot(ctx: PipelineContext, trace: Trace, held: Held |
   }
 }
 
-async function respond(ctx: PipelineContext, request: Request, upstream: Response, held: Held | undefined, trace: Trace, started: number): Promise<Response> {
+async function respond(ctx: PipelineContext, request: Inbound, upstream: Response, held: Held | undefined, trace: Trace, started: number): Promise<Answer> {
   const rc = trace.route!.config
   const headers = clientResponseHeaders(upstream.headers)
   headers.set('x-request-id', trace.requestId)
@@ -147,13 +149,13 @@ async function respond(ctx: PipelineContext, request: Request, upstream: Respons
   // A captured body ends only once its record is stored; a length would let the client finish earlier.
   if (held && responseBody !== upstream.body && responseBody !== whole) headers.delete('content-length')
   logDecision(ctx, trace, 'forwarded', upstream.status, started)
-  // No reason phrase: @hono/node-server never writes one, and reading `statusText` off its
-  // lightweight Response built the full Response, turning a whole body back into a Web stream.
-  return new Response(responseBody, { status: upstream.status, headers })
+  // No reason phrase: reading `statusText` off @hono/node-server's lightweight Response (what the
+  // Node forward returns) built the full Response, turning a whole body back into a Web stream.
+  return { status: upstream.status, headers, body: responseBody }
 }
 
 /** The problem a failure becomes, logged and counted: store failures fail closed as 503; anything unexpected is an internal error. */
-function rejected(ctx: PipelineContext, err: unknown, request: Request, trace: Trace, started: number): FencegateError {
+function rejected(ctx: PipelineContext, err: unknown, request: Inbound, trace: Trace, started: number): FencegateError {
   const problem = withRetryHint(toProblem(err), trace.route?.config)
   if (trace.route) echoIdempotencyKey(problem.headers, request, trace.route.config)
   if (problem.code === 'internal_error') ctx.log.error('internal_error', { request_id: trace.requestId, error: (err as Error)?.name ?? typeof err })

@@ -1,9 +1,10 @@
+import type { Answer } from '../http/exchange.js'
 import { idempotencyWaitOf } from '../config/schema.js'
 import { FencegateError } from '../http/problems.js'
 import type { Command, Reservation } from '../store/store.js'
 import type { PipelineContext } from './context.js'
 import { staleFenceError } from './fence.js'
-import { replayResponse } from './idempotency.js'
+import { replayAnswer } from './idempotency.js'
 import { waitForOutcome } from './outcome.js'
 import { inProgressRetryMs, retryAfter } from './retry-hint.js'
 import { timed, type Trace } from './trace.js'
@@ -16,12 +17,12 @@ export async function reserve(ctx: Pick<PipelineContext, 'store' | 'metrics'>, c
 }
 
 /** Turns the store's decision into an answer (a replay), or undefined when the request may go upstream; refusals throw. */
-export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Reservation, command: Command, trace: Trace): Promise<Response | undefined> {
+export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Reservation, command: Command, trace: Trace): Promise<Answer | undefined> {
   switch (r.kind) {
     case 'proceed': return undefined
     case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
     case 'lease_expired': throw new FencegateError('lease_expired', `fence ${trace.fence} is not the current token of a live lease on ${trace.entity}`, { entity: trace.entity!, presented_fence: trace.fence! })
-    case 'replay': return replayResponse(r.stored, trace.requestId)
+    case 'replay': return replayAnswer(r.stored, trace.requestId)
     case 'reused': throw new FencegateError('idempotency_key_reused', 'this Idempotency-Key was used with a different method, path, query or body')
     case 'not_replayable': throw new FencegateError('response_not_replayable', 'the original response was larger than max_stored_body; it is not executed again')
     case 'outcome_unknown': throw new FencegateError('outcome_unknown', 'the original request may have reached the upstream but its answer was lost; reconcile, then release the key')
@@ -30,7 +31,7 @@ export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'me
 }
 
 /** A duplicate of a request in flight: wait up to `idempotency_wait` for its answer, else refuse with an honest Retry-After. */
-async function waitForInFlight(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Extract<Reservation, { kind: 'in_progress' }>, command: Command, trace: Trace): Promise<Response | undefined> {
+async function waitForInFlight(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Extract<Reservation, { kind: 'in_progress' }>, command: Command, trace: Trace): Promise<Answer | undefined> {
   const rc = trace.route!.config
   const waitStarted = performance.now()
   const waitMs = idempotencyWaitOf(rc)

@@ -1,3 +1,4 @@
+import type { HeaderView } from '../http/exchange.js'
 import { FencegateError } from '../http/problems.js'
 import type { RouteConfig } from '../config/schema.js'
 import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
@@ -86,7 +87,7 @@ function matchSegments(pattern: Segment[], segments: string[]): Record<string, s
 export interface EntitySources {
   params: Record<string, string>
   query: URLSearchParams
-  headers: Headers
+  headers: HeaderView
   /** The parsed body (a form, when its Content-Type says so, else JSON), or undefined when it does not parse. */
   body(): unknown
 }

@@ -1,3 +1,4 @@
+import type { BodySource, Inbound } from './inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { Held } from '../store/store.js'
 import { attestationHeader, attestCommand } from './attest.js'
@@ -11,10 +12,10 @@ import type { Trace } from './trace.js'
 
 /** What goes upstream: the request, its body (buffered or streaming) and the key held for it, if any. */
 export interface Outgoing {
-  request: Request
+  request: Inbound
   url: URL
   route: Route
-  body: Uint8Array | ReadableStream<Uint8Array> | null
+  body: BodySource
   /** True once a streamed body passed the size limit (the forward then failed because of it). */
   bodyExceeded: () => boolean
   held: Held | undefined

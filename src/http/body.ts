@@ -82,13 +82,23 @@ export async function limitBody(request: Request, limit: number): Promise<{ body
 
 /** The declared length, refused when over the limit; undefined when none was declared. */
 function declaredLength(request: Request, limit: number): number | undefined {
-  const declared = request.headers.get('content-length')
-  if (declared === null || !/^\d+$/.test(declared)) return undefined
+  return checkedLength(request.headers.get('content-length'), limit)
+}
+
+/**
+ * A `Content-Length` value as a number, refused with `body_too_large` when over `limit`;
+ * undefined when there is none (a chunked body, or none at all).
+ *
+ * @example checkedLength('32', 1024) // 32
+ */
+export function checkedLength(declared: string | null | undefined, limit: number): number | undefined {
+  if (declared == null || !/^\d+$/.test(declared)) return undefined
   if (Number(declared) > limit) throw tooLarge(limit)
   return Number(declared)
 }
 
-function tooLarge(limit: number): FencegateError {
+/** The `body_too_large` refusal for a body over `limit` bytes. */
+export function tooLarge(limit: number): FencegateError {
   return new FencegateError('body_too_large', `the request body exceeds ${limit} bytes`, { limit })
 }
 

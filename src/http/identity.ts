@@ -1,3 +1,4 @@
+import type { HeaderView } from './exchange.js'
 import { createLocalJWKSet, createRemoteJWKSet, errors, exportJWK, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey } from 'jose'
 import type { AuthConfig } from '../config/schema.js'
 import { FencegateError } from './problems.js'
@@ -13,7 +14,7 @@ export interface Identity {
 }
 
 /** Establishes the identity of a request, or throws `unauthenticated` / `tenant_missing`. */
-export type Authenticate = (request: Request) => Promise<Identity>
+export type Authenticate = (request: { headers: HeaderView }) => Promise<Identity>
 
 /** The single tenant of a gateway without authentication. */
 export const defaultIdentity: Identity = Object.freeze({ tenant: 'default', caller: null, scopes: null })

@@ -1,3 +1,4 @@
+import { toResponse, type Answer } from './exchange.js'
 /**
  * Every error fencegate answers with, in one place: a stable `code`, its HTTP
  * status and a title. Clients branch on `code`; titles are for people.
@@ -124,9 +125,14 @@ export function problemBody(err: FencegateError, requestId?: string): ProblemBod
 
 /** Renders any thrown value as a problem+json Response without leaking internal messages. */
 export function problemResponse(err: unknown, requestId?: string): Response {
+  return toResponse(problemAnswer(err, requestId))
+}
+
+/** The same problem+json as a plain answer, for a runtime that writes answers itself (Node's data plane). */
+export function problemAnswer(err: unknown, requestId?: string): Answer {
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
   const headers = new Headers(problem.headers)
   headers.set('content-type', 'application/problem+json')
   if (requestId) headers.set('x-request-id', requestId)
-  return new Response(JSON.stringify(problemBody(problem, requestId)), { status: problem.status, headers })
+  return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId))) }
 }

@@ -1,12 +1,12 @@
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../src/admin/app.js'
-import { createApp } from '../../src/gateway/app.js'
+import { createDataPlane } from '../../src/gateway/app.js'
 import { parseConfig, type Config } from '../../src/config/schema.js'
 import type { Forward } from '../../src/gateway/forward.js'
 import { noAuthentication, type Authenticate } from '../../src/http/identity.js'
 import type { JobStore } from '../../src/leases/store.js'
-import type { Logger } from '../../src/observe/log.js'
-import { guarded, listen } from '../../src/runtime/node/gateway.js'
+import { silentLogger, type Logger } from '../../src/observe/log.js'
+import { dataPlaneListener, honoListener, listen } from '../../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../../src/runtime/node/forward.js'
 import type { Store } from '../../src/store/store.js'
 import type { RuleRegistry } from '../../src/rules/registry.js'
@@ -40,11 +40,11 @@ export interface TestGateway {
 export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
   const undici = createUndiciForward()
   const authenticate = options.authenticate ?? noAuthentication
-  const app = createApp({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}) })
+  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
-  const data = await listen(guarded(app.fetch), '127.0.0.1', 0, maxHeader)
-  const adminServer = await listen(guarded(admin.fetch), '127.0.0.1', 0, maxHeader)
+  const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger), '127.0.0.1', 0, maxHeader)
+  const adminServer = await listen(honoListener(admin.fetch), '127.0.0.1', 0, maxHeader)
   return {
     url: `http://127.0.0.1:${(data.address() as AddressInfo).port}`,
     adminUrl: `http://127.0.0.1:${(adminServer.address() as AddressInfo).port}`,

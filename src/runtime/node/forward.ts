@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
 import { ForwardError, wholeBody, type Forward } from '../../gateway/forward.js'
+import type { BodySource } from '../../gateway/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
@@ -48,8 +49,7 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
         path: route.upstream.basePath + target,
         method: method as 'POST',
         headers: flat,
-        // Readable.from iterates the Web stream; unlike Readable.fromWeb it needs no Web-stream controller.
-        body: body instanceof ReadableStream ? Readable.from(body as unknown as AsyncIterable<Uint8Array>) : body,
+        body: nodeBody(body),
       })
     } catch (err) {
       throw classify(err)
@@ -143,6 +143,13 @@ function toWebStream(body: Readable): ReadableStream<Uint8Array> {
       body.destroy()
     },
   }, { highWaterMark: 0 })
+}
+
+/** The body as undici takes it: bytes, or a Node stream (Node's inbound already passes one). */
+function nodeBody(body: BodySource): Uint8Array | Readable | null {
+  if (body === null || body instanceof Uint8Array || body instanceof Readable) return body
+  // Readable.from iterates a Web stream too; unlike Readable.fromWeb it needs no Web-stream controller.
+  return Readable.from(body as AsyncIterable<Uint8Array>)
 }
 
 function classify(err: unknown): ForwardError {

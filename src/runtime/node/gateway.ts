@@ -1,13 +1,16 @@
-import { serve, type ServerType } from '@hono/node-server'
+import { getRequestListener } from '@hono/node-server'
 import { readFileSync } from 'node:fs'
-import type { IncomingMessage } from 'node:http'
+import { createServer, type IncomingMessage, type RequestListener, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../admin/app.js'
 import { createAttestationSigner, type AttestationSigner } from '../../gateway/attest.js'
-import { createApp, requestIdOf } from '../../gateway/app.js'
+import { createDataPlane, requestIdOf, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
+import { problemResponse } from '../../http/problems.js'
 import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
+import { jobsPath } from '../../leases/api.js'
 import { createJobStore } from '../../leases/store.js'
+import { nodeDataPlane } from './data-plane.js'
 import { unsafeTarget } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -87,13 +90,14 @@ export async function startGateway(options: {
   const upstream = createUndiciForward()
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(db, { schedule: setImmediate }), metrics)
-  const app = createApp({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
+  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
   const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
-  let data: ServerType | undefined
-  let adminServer: ServerType | undefined
+  let data: Server | undefined
+  let adminServer: Server | undefined
   try {
-    data = await listen(guarded(app.fetch), config.server.host, config.server.port, config.server.max_header_bytes)
-    adminServer = await listen(guarded(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
+    // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
+    data = await listen(dataPlaneListener(plane, log), config.server.host, config.server.port, config.server.max_header_bytes)
+    adminServer = await listen(honoListener(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
   } catch (err) {
     data?.close()
     await upstream.close()
@@ -130,7 +134,26 @@ type Fetch = (request: Request, env: { incoming?: IncomingMessage }) => Response
 
 /** Checks the raw request target before the URL parser normalises it away. */
 export function guarded(fetch: (request: Request, env: never) => Response | Promise<Response>): Fetch {
-  return (request, env) => unsafeTarget(env.incoming?.url, requestIdOf(request)) ?? fetch(request, env as never)
+  return (request, env) => {
+    const unsafe = unsafeTarget(env.incoming?.url)
+    return unsafe ? problemResponse(unsafe, requestIdOf(request)) : fetch(request, env as never)
+  }
+}
+
+/**
+ * The data plane's Node listener: commands on Node's own server (src/runtime/node/data-plane.ts),
+ * the job API through Hono.
+ *
+ * @example
+ * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
+ */
+export function dataPlaneListener(plane: { app: { fetch: (request: Request, env: never) => Response | Promise<Response> }; handle: HandleCommand }, log: Logger): RequestListener {
+  return nodeDataPlane({ handle: plane.handle, hono: honoListener(plane.app.fetch), honoPrefix: jobsPath, log })
+}
+
+/** A Hono app's fetch as a Node request listener, with the raw-target guard. */
+export function honoListener(fetch: (request: Request, env: never) => Response | Promise<Response>): RequestListener {
+  return getRequestListener(guarded(fetch) as never)
 }
 
 /** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */
@@ -152,20 +175,21 @@ export async function attestationSigner(config: Pick<Config, 'attestation'>): Pr
   return createAttestationSigner(config.attestation, pem)
 }
 
-/** Serves a Hono app's fetch on Node, with the raw-target guard. */
-export function listen(fetch: Fetch, hostname: string, port: number, maxHeaderSize: number): Promise<ServerType> {
+/** Serves a request listener on Node. */
+export function listen(listener: RequestListener, hostname: string, port: number, maxHeaderSize: number): Promise<Server> {
   return new Promise((resolve, reject) => {
-    const server = serve({ fetch: fetch as never, hostname, port, serverOptions: { maxHeaderSize } }, () => resolve(server))
+    const server = createServer({ maxHeaderSize }, listener)
     server.once('error', reject)
+    server.listen(port, hostname, () => resolve(server))
   })
 }
 
-function urlOf(server: ServerType, host: string): string {
+function urlOf(server: Server, host: string): string {
   const { port } = server.address() as AddressInfo
   return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
 }
 
-function stop(server: ServerType, graceMs: number): Promise<void> {
+function stop(server: Server, graceMs: number): Promise<void> {
   return new Promise((resolve) => {
     const timer = setTimeout(() => {
       if ('closeAllConnections' in server) server.closeAllConnections()

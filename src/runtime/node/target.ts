@@ -1,4 +1,4 @@
-import { FencegateError, problemResponse } from '../../http/problems.js'
+import { FencegateError } from '../../http/problems.js'
 
 /**
  * Refuses request targets that only make sense as an attack on a proxy:
@@ -8,7 +8,7 @@ import { FencegateError, problemResponse } from '../../http/problems.js'
  * in the Request has already resolved dot segments, so this looks at the raw
  * target Node received.
  */
-export function unsafeTarget(rawTarget: string | undefined, requestId: string): Response | undefined {
+export function unsafeTarget(rawTarget: string | undefined): FencegateError | undefined {
   if (rawTarget === undefined) return undefined
   const path = rawTarget.split('?')[0]!
   let reason: string | undefined
@@ -16,5 +16,5 @@ export function unsafeTarget(rawTarget: string | undefined, requestId: string): 
   else if (/\\|%2f|%5c/i.test(path)) reason = 'backslashes and encoded slashes are not accepted in paths'
   else if (path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
   if (!reason) return undefined
-  return problemResponse(new FencegateError('invalid_request', reason), requestId)
+  return new FencegateError('invalid_request', reason)
 }

@@ -46,7 +46,10 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
   // Called as a plain function: Workers throws "Illegal invocation" for fetch called on another `this`.
   const send = options.fetch ?? ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, init))
 
-  return async ({ route, target, method, headers, body }) => {
+  return async ({ route, target, method, headers, body: given }) => {
+    // Web inbounds pass bytes or a Web stream; an async iterable of chunks is Node's alone.
+    if (given !== null && !(given instanceof Uint8Array) && !(given instanceof ReadableStream)) throw new TypeError('the fetch forward sends bytes or a ReadableStream')
+    let body: Uint8Array | ReadableStream<Uint8Array> | null = given
     const outgoing = new Headers(headers)
     outgoing.set('accept-encoding', offered)
     // The gateway's own server already answered any 100-continue; undici's fetch refuses the header.
