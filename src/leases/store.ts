@@ -18,6 +18,11 @@ import type { Holder, JobState } from './types.js'
 
 export type { Holder, JobState, LostReason } from './types.js'
 
+// Every holder statement below reaches its row by primary key and re-checks the holder
+// as one CASE. Plain ANDs with `state = 'running' AND lease_until > now()` let the planner
+// take fg_jobs_expiring instead when its statistics saw few running jobs, and walk the
+// dead entry every finished job leaves there (migrations/0011 says more).
+
 /**
  * Starts a job by its natural key, or joins the one that exists. With
  * `restart`, a failed or cancelled job starts a new attempt cycle under the same id.
@@ -71,9 +76,9 @@ export async function heartbeat(db: Db, h: Holder, types: JobType[]) {
   const [row] = await db.sql<{ lease_until: string; cancel_requested: boolean; type: string; lease_ms: number; lease_remaining_ms: number; lease_left_ms: number }>`
     UPDATE fg_jobs AS j SET lease_until = GREATEST(j.lease_until, now() + t.lease_ms * interval '1 millisecond')
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
-    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+    WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
       AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
-      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' > now()
+      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' > now() THEN true ELSE false END
     RETURNING to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until, j.cancel_requested, j.type,
               t.lease_ms::integer AS lease_ms,
               floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms,
@@ -86,9 +91,9 @@ export async function failOverRuntime(db: Db, h: Holder, types: JobType[]): Prom
   const rows = await db.sql`
     UPDATE fg_jobs AS j SET state = 'failed', error_code = 'max_runtime', finished_at = now(), lease_until = NULL
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
-    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+    WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
       AND j.fence = ${h.fence}::bigint AND j.state = 'running'
-      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' <= now()
+      AND j.started_at + t.max_runtime_ms * interval '1 millisecond' <= now() THEN true ELSE false END
     RETURNING 1`
   return rows.length === 1
 }
@@ -101,8 +106,8 @@ export async function append(db: Db, h: Holder, seq: number, chunk: unknown) {
   const [row] = await db.sql<{ live: boolean; inserted: boolean; same: boolean | null; cursor_length: number | null }>`
     WITH live AS (
       SELECT id, cursor_length FROM fg_jobs
-      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'running' AND lease_until > now() AND NOT cancel_requested
+      WHERE id = ${h.jobId}::bigint AND CASE WHEN tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'running' AND lease_until > now() AND NOT cancel_requested THEN true ELSE false END
       FOR UPDATE
     ), inserted AS (
       INSERT INTO fg_job_chunks (job_id, seq, chunk, fence)
@@ -130,8 +135,8 @@ export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, 
       finished_at = CASE WHEN j.cancel_requested OR NOT ${retryable}::boolean OR j.attempt >= t.max_attempts THEN now() END,
       error = ${JSON.stringify(error ?? null)}::text::jsonb, owner = NULL, lease_until = NULL
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
-    WHERE t.name = j.type AND j.id = ${h.jobId}::bigint AND j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
-      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
+    WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
+      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now() THEN true ELSE false END
     RETURNING j.state, j.type
     ), woken AS (
       -- Back in the queue: wake waiting claims at commit (they find it once its backoff has passed).
@@ -160,8 +165,8 @@ export async function release(db: Db, h: Holder) {
         finished_at = CASE WHEN cancel_requested THEN now() END,
         attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
         run_after = now(), owner = NULL, lease_until = NULL
-      WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'running' AND lease_until > now()
+      WHERE id = ${h.jobId}::bigint AND CASE WHEN tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
+        AND state = 'running' AND lease_until > now() THEN true ELSE false END
       RETURNING state, type, attempt
     ), woken AS (
       -- Claimable at once: wake waiting claims at commit, as start and a retryable fail do.
