@@ -3,9 +3,10 @@
 // `proxy_pass`, the bare Node proxy, the hand-rolled fence) and the fencegate gateway.
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import { findNginx, nginxVersion, startNginxProxy, startNginxUpstream } from './nginx.js'
 import type { BenchOptions } from './run-options.js'
-import { freePort, isHealthy, listeningPort, startChild, stopChild, waitUntil, type Child } from './procs.js'
+import { freePort, isHealthy, listeningPort, startChild, startProcess, stopChild, waitUntil, type Child } from './procs.js'
 import type { BenchStore } from './fresh-db.js'
 
 export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway'
@@ -43,8 +44,14 @@ export async function startGateway(dir: string, upstreamUrl: string, store: Benc
   const [port, adminPort] = [await freePort(), await freePort()]
   const configFile = join(dir, `${name}.yaml`)
   writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort))
-  const child = startChild(name, new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile],
-    { ...process.env, ...env, DATABASE_URL: store.url }, nodeOptions, logFile)
+  const main = new URL('../src/cli/main.js', import.meta.url)
+  const args = ['serve', '--config', configFile]
+  const childEnv = { ...process.env, ...env, DATABASE_URL: store.url }
+  // With no flags of its own the gateway is run as npx runs it: the file itself, so its
+  // #! line and the Node flags in it apply (src/cli/main.ts).
+  const child = nodeOptions.length === 0
+    ? startProcess(name, fileURLToPath(main), args, childEnv, logFile)
+    : startChild(name, main, args, childEnv, nodeOptions, logFile)
   await waitUntil(child, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
   return { url: `http://127.0.0.1:${port}`, child }
 }
