@@ -5,13 +5,12 @@ import { problemAnswer } from '../../http/problems.js'
 import type { Logger } from '../../observe/log.js'
 import { writeAnswer } from './answer.js'
 import { headerViewOf, nodeInbound } from './inbound.js'
-import { unsafeTarget } from './target.js'
 
 /**
  * Node's data-plane server: commands go from the socket to the pipeline and back without
  * a Web `Request` or `Response` (those cost a passthrough about as much CPU as the rest of
  * it, `npm run bench -- profile`). Paths under `honoPrefix` (the job API) go to the Hono
- * listener.
+ * listener. The raw-target check comes before it (`guardTargets`, src/runtime/node/target.ts).
  *
  * @example
  * const { app, handle } = createDataPlane(deps)
@@ -34,10 +33,9 @@ export function nodeDataPlane(o: { handle: HandleCommand; hono: RequestListener;
 async function serveCommand(handle: HandleCommand, incoming: IncomingMessage, res: ServerResponse): Promise<void> {
   const headers = headerViewOf(incoming.rawHeaders)
   const requestId = requestIdOf({ headers })
-  const unsafe = unsafeTarget(incoming.url)
   let answer: Answer
   try {
-    answer = unsafe ? problemAnswer(unsafe, requestId) : await handle(nodeInbound(incoming, headers), requestId)
+    answer = await handle(nodeInbound(incoming, headers), requestId)
   } catch (err) {
     answer = problemAnswer(err, requestId)
   }

@@ -79,7 +79,7 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
 
 /**
  * The declared length of an answer to read whole before the Response is made: up to the
- * same `wholeAnswerLimit` the pipeline reads a held key's answer to. @hono/node-server then
+ * same `wholeAnswerLimit` the pipeline reads a held key's answer to. Node's data plane then
  * writes headers and body in one call, with no Web stream between the two sockets.
  */
 function smallDeclaredLength(value: string | string[] | undefined): number | undefined {

@@ -1,17 +1,16 @@
 import { getRequestListener } from '@hono/node-server'
 import { readFileSync } from 'node:fs'
-import { createServer, type IncomingMessage, type RequestListener, type Server } from 'node:http'
+import { createServer, type RequestListener, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../admin/app.js'
 import { createAttestationSigner, type AttestationSigner } from '../../gateway/attest.js'
-import { createDataPlane, requestIdOf, type HandleCommand } from '../../gateway/app.js'
+import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
-import { problemResponse } from '../../http/problems.js'
 import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
 import { jobsPath } from '../../leases/api.js'
 import { createJobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
-import { unsafeTarget } from './target.js'
+import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
 import { createPinoLogger } from './log.js'
@@ -130,15 +129,8 @@ export async function startGateway(options: {
   }
 }
 
-type Fetch = (request: Request, env: { incoming?: IncomingMessage }) => Response | Promise<Response>
-
-/** Checks the raw request target before the URL parser normalises it away. */
-export function guarded(fetch: (request: Request, env: never) => Response | Promise<Response>): Fetch {
-  return (request, env) => {
-    const unsafe = unsafeTarget(env.incoming?.url)
-    return unsafe ? problemResponse(unsafe, requestIdOf(request)) : fetch(request, env as never)
-  }
-}
+/** A Hono app's `fetch`. */
+type HonoFetch = (request: Request, env: never) => Response | Promise<Response>
 
 /**
  * The data plane's Node listener: commands on Node's own server (src/runtime/node/data-plane.ts),
@@ -147,13 +139,13 @@ export function guarded(fetch: (request: Request, env: never) => Response | Prom
  * @example
  * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
  */
-export function dataPlaneListener(plane: { app: { fetch: (request: Request, env: never) => Response | Promise<Response> }; handle: HandleCommand }, log: Logger): RequestListener {
-  return nodeDataPlane({ handle: plane.handle, hono: honoListener(plane.app.fetch), honoPrefix: jobsPath, log })
+export function dataPlaneListener(plane: { app: { fetch: HonoFetch }; handle: HandleCommand }, log: Logger): RequestListener {
+  return guardTargets(nodeDataPlane({ handle: plane.handle, hono: getRequestListener(plane.app.fetch as never), honoPrefix: jobsPath, log }))
 }
 
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */
-export function honoListener(fetch: (request: Request, env: never) => Response | Promise<Response>): RequestListener {
-  return getRequestListener(guarded(fetch) as never)
+export function honoListener(fetch: HonoFetch): RequestListener {
+  return guardTargets(getRequestListener(fetch as never))
 }
 
 /** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */

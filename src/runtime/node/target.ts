@@ -1,4 +1,8 @@
-import { FencegateError } from '../../http/problems.js'
+import type { RequestListener } from 'node:http'
+import { requestIdOf } from '../../gateway/app.js'
+import { FencegateError, problemAnswer } from '../../http/problems.js'
+import { writeAnswer } from './answer.js'
+import { headerViewOf } from './inbound.js'
 
 /**
  * Refuses request targets that only make sense as an attack on a proxy:
@@ -17,4 +21,19 @@ export function unsafeTarget(rawTarget: string | undefined): FencegateError | un
   else if (path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
   if (!reason) return undefined
   return new FencegateError('invalid_request', reason)
+}
+
+/**
+ * A listener behind the raw-target check: an unsafe target is answered `400 invalid_request`
+ * before the listener (Node's data plane or a Hono app) parses it. Both planes use it.
+ *
+ * @example
+ * createServer(guardTargets(getRequestListener(app.fetch)))
+ */
+export function guardTargets(listener: RequestListener): RequestListener {
+  return (incoming, res) => {
+    const unsafe = unsafeTarget(incoming.url)
+    if (!unsafe) return listener(incoming, res)
+    void writeAnswer(problemAnswer(unsafe, requestIdOf({ headers: headerViewOf(incoming.rawHeaders) })), res).catch(() => res.destroy())
+  }
 }
