@@ -52,11 +52,11 @@ export async function settleResponse(o: {
   }
   const declared = declaredLength(upstream.headers)
   if (upstream.body && declared !== undefined && declared <= Math.min(route.max_stored_body, wholeAnswerLimit)) {
-    const whole = await readWhole(upstream.body, declared)
-    await record(whole.ok ? { kind: 'complete', body: whole.body } : { kind: 'broken' })
+    const read = await readWhole(upstream.body, declared)
+    await record(read.ok ? { kind: 'complete', body: read.body } : { kind: 'broken' })
     // Nothing has reached the client yet, so it can be told plainly instead of getting a cut-off body.
-    if (!whole.ok) throw new FencegateError('upstream_unreachable', "the upstream's answer broke off before its end; it was recorded as not replayable and is not executed again")
-    return whole.body
+    if (!read.ok) throw new FencegateError('upstream_unreachable', "the upstream's answer broke off before its end; it was recorded as not replayable and is not executed again")
+    return read.body
   }
   return captureBody(upstream.body, route.max_stored_body, record)
 }
