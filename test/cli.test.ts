@@ -30,6 +30,23 @@ describe('fencegate CLI', () => {
     expect(out).toContain('usage: fencegate <command>')
   })
 
+  it('runs as npx fencegate with a 1 GB heap maximum and no flags of the caller (its #! line)', async () => {
+    const { execFile } = await import('node:child_process')
+    const { writeFileSync } = await import('node:fs')
+    // Loaded by NODE_OPTIONS into every Node process, npx's own included; in fencegate's it reports the heap limit and exits.
+    const probe = join(tempDir(), 'heap-limit.cjs')
+    writeFileSync(probe, "if (/cli[\\\\/]main\\.js$/.test(require('node:fs').realpathSync(process.argv[1] ?? '.'))) {\n" +
+      "  process.stdout.write(String(require('node:v8').getHeapStatistics().heap_size_limit)); process.exit(0)\n}\n")
+    const out = await new Promise<string>((resolve, reject) => {
+      execFile('npx', ['--no-install', 'fencegate', '--help'], { cwd: join(import.meta.dirname, '..'), env: { ...process.env, NODE_OPTIONS: `--require ${probe}` } },
+        (err, stdout) => (err ? reject(err) : resolve(stdout)))
+    })
+    const limitMiB = Number(out) / 2 ** 20
+    // 1024 MiB of old generation plus the young generation's share; without the flag it is about 4 GiB here.
+    expect(limitMiB).toBeGreaterThanOrEqual(1024)
+    expect(limitMiB).toBeLessThan(1200)
+  })
+
   it('exits 2 with the usage on an unknown command or flag', async () => {
     expect((await runCli(['frobnicate'])).code).toBe(2)
     const bad = await runCli(['audit', '--no-such-flag'])
