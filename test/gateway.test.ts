@@ -196,6 +196,19 @@ describe.each(backends())('gateway on $name', (backend) => {
     expect(received!.headers['x-request-id']).toBe('rid-1')
   })
 
+  it('adds no Content-Type the upstream did not send, also on the first answer for a key', async () => {
+    upstream.handle((_req, res) => {
+      res.removeHeader('content-type')
+      res.end('untyped')
+    })
+    await start([route(upstream.url, { idempotency: 'optional' })])
+    const plain = await rawPost(`${gw.url}/payments/1/capture`, { 'x-execution-fence': '1' })
+    const keyed = await rawPost(`${gw.url}/payments/2/capture`, { 'x-execution-fence': '1', 'idempotency-key': 'untyped-1' })
+    for (const res of [plain, keyed]) {
+      expect([res.status, res.body, res.headers['content-type']]).toEqual([200, 'untyped', undefined])
+    }
+  })
+
   it('forwards a request sent with Expect: 100-continue (regression: undici refused the header, answered 502)', async () => {
     await start([route(upstream.url)])
     const res = await rawPost(`${gw.url}/payments/1/capture`, { 'x-execution-fence': '1', expect: '100-continue' })
