@@ -14,7 +14,7 @@
  * const res = await app.request('/payments/42/capture', { method: 'POST', headers: { 'x-execution-fence': '7' } })
  */
 export { createApp, createDataPlane, requestIdOf, type AppDeps, type HandleCommand } from './gateway/app.js'
-export { webInbound, type Inbound } from './gateway/inbound.js'
+export { webInbound, type Inbound } from './http/inbound.js'
 export { toResponse, type Answer, type HeaderView } from './http/exchange.js'
 export type { Forward, ForwardRequest } from './gateway/forward.js'
 export { createAdminApp, type AdminDeps } from './admin/app.js'

@@ -9,11 +9,12 @@ import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import postgres from 'postgres'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createApp } from '../src/gateway/app.js'
+import { createDataPlane } from '../src/gateway/app.js'
 import { createJobStore, type JobStore } from '../src/leases/store.js'
 import { createClaimWake, defaultFallbackMs, type ClaimWake } from '../src/leases/wake.js'
-import { honoListener, listen } from '../src/runtime/node/gateway.js'
+import { dataPlaneListener, listen } from '../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
+import { silentLogger } from '../src/observe/log.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 
@@ -37,8 +38,9 @@ async function serve(t: TestDb, fallbackMs: number): Promise<Served> {
   const jobs = createJobStore(t.db)
   const wake = createClaimWake({ listen: jobs.listenForWork, fallbackMs })
   const undici = createUndiciForward()
-  const app = createApp({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
-  const server: Server = await listen(honoListener(app.fetch), '127.0.0.1', 0, config.server.max_header_bytes)
+  // Served as `fencegate serve` serves it: Node's data plane, straight off the socket.
+  const plane = createDataPlane({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
+  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/_fencegate/jobs`,
     wake,

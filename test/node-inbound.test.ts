@@ -44,6 +44,11 @@ function raw(port: number, parts: string[], untilText?: string): Promise<string>
   })
 }
 
+/** Polls a condition on state, never a fixed sleep. */
+async function until(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((resolve) => setImmediate(resolve))
+}
+
 const chunked = (...chunks: string[]) => chunks.map((c) => `${c.length.toString(16)}\r\n${c}\r\n`).join('') + '0\r\n\r\n'
 
 describe('headerViewOf: the header lines read once', () => {
@@ -61,7 +66,7 @@ describe('headerViewOf: the header lines read once', () => {
 describe('nodeInbound: the body straight off IncomingMessage', () => {
   it('reads a chunked body whole, byte for byte', async () => {
     const port = await serve(async (req, res) => {
-      const bytes = await nodeInbound(req, headerViewOf(req.rawHeaders)).readBody(1024)
+      const bytes = await nodeInbound(req, headerViewOf(req.rawHeaders), res).readBody(1024)
       res.end(`got ${Buffer.from(bytes).toString()}`)
     })
     const answer = await raw(port, ['POST /x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n', chunked('{"a":', '1}')])
@@ -69,16 +74,16 @@ describe('nodeInbound: the body straight off IncomingMessage', () => {
   })
 
   it('refuses a chunked body past the limit and can still answer on the connection', async () => {
-    const port = await serve(async (req) => {
-      await nodeInbound(req, headerViewOf(req.rawHeaders)).readBody(8)
+    const port = await serve(async (req, res) => {
+      await nodeInbound(req, headerViewOf(req.rawHeaders), res).readBody(8)
     })
     const answer = await raw(port, ['POST /x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n', chunked('12345', '67890')], 'body_too_large')
     expect(answer).toMatch(/^HTTP\/1\.1 413/)
   })
 
   it('refuses a declared length over the limit before reading', async () => {
-    const port = await serve(async (req) => {
-      await nodeInbound(req, headerViewOf(req.rawHeaders)).readBody(8)
+    const port = await serve(async (req, res) => {
+      await nodeInbound(req, headerViewOf(req.rawHeaders), res).readBody(8)
     })
     const answer = await raw(port, ['POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n'], 'body_too_large')
     expect(answer).toMatch(/^HTTP\/1\.1 413/)
@@ -87,8 +92,8 @@ describe('nodeInbound: the body straight off IncomingMessage', () => {
   it('rejects, rather than waits forever, when the client hangs up in the middle of its body', async () => {
     let outcome: Promise<unknown> | undefined
     const reached = new Promise<void>((resolve) => {
-      void serve(async (req) => {
-        outcome = nodeInbound(req, headerViewOf(req.rawHeaders)).readBody(1024).then(() => 'read', (err: Error) => err.message)
+      void serve(async (req, res) => {
+        outcome = nodeInbound(req, headerViewOf(req.rawHeaders), res).readBody(1024).then(() => 'read', (err: Error) => err.message)
         resolve()
         await outcome
       }).then((port) => {
@@ -104,7 +109,7 @@ describe('nodeInbound: the body straight off IncomingMessage', () => {
   it('passes a small declared body as bytes, and a large one as the socket\'s own stream, counted', async () => {
     const kinds: string[] = []
     const port = await serve(async (req, res) => {
-      const passed = await nodeInbound(req, headerViewOf(req.rawHeaders)).passBody(4 * wholeRequestLimit)
+      const passed = await nodeInbound(req, headerViewOf(req.rawHeaders), res).passBody(4 * wholeRequestLimit)
       kinds.push(passed.body instanceof Uint8Array ? 'bytes' : passed.body instanceof Readable ? 'stream' : String(passed.body))
       let size = 0
       if (passed.body instanceof Uint8Array) size = passed.body.byteLength
@@ -120,8 +125,8 @@ describe('nodeInbound: the body straight off IncomingMessage', () => {
 
   it('fails a streamed body once it passes the limit, and says so', async () => {
     let exceeded: boolean | undefined
-    const port = await serve(async (req) => {
-      const passed = await nodeInbound(req, headerViewOf(req.rawHeaders)).passBody(8)
+    const port = await serve(async (req, res) => {
+      const passed = await nodeInbound(req, headerViewOf(req.rawHeaders), res).passBody(8)
       try {
         for await (const chunk of passed.body as AsyncIterable<Uint8Array>) void chunk
       } finally {
@@ -131,5 +136,29 @@ describe('nodeInbound: the body straight off IncomingMessage', () => {
     const answer = await raw(port, ['POST /x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n', chunked('12345', '67890')], 'body_too_large')
     expect(answer).toMatch(/^HTTP\/1\.1 413/)
     expect(exceeded).toBe(true)
+  })
+})
+
+describe('nodeInbound: the signal a waiting claim listens to', () => {
+  it('aborts when the client hangs up before its answer, and not once the answer was written', async () => {
+    const signals: AbortSignal[] = []
+    const seen: Promise<void>[] = []
+    const port = await serve(async (req, res) => {
+      const signal = nodeInbound(req, headerViewOf(req.rawHeaders), res).signal
+      signals.push(signal)
+      if (req.url === '/answered') {
+        res.end('ok')
+        return
+      }
+      // Left unanswered: the client goes away first.
+      seen.push(new Promise((resolve) => signal.addEventListener('abort', () => resolve())))
+    })
+    expect(await raw(port, ['GET /answered HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n'])).toContain('ok')
+    const socket = connect(port, '127.0.0.1')
+    socket.write('GET /left HTTP/1.1\r\nhost: t\r\n\r\n')
+    await until(() => seen.length === 1)
+    socket.destroy()
+    await seen[0]
+    expect(signals.map((s) => s.aborted)).toEqual([false, true])
   })
 })

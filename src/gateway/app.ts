@@ -4,15 +4,15 @@ import type { Digest } from '../http/body.js'
 import type { Config } from '../config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
-import { createJobsApp, jobsPath } from '../leases/api.js'
+import { createJobsApi, jobsPath } from '../leases/api.js'
 import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
 import { createPipeline } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
-import { FencegateError, problemResponse } from '../http/problems.js'
-import { webInbound, type Inbound } from './inbound.js'
+import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
+import { webInbound, type Inbound } from '../http/inbound.js'
 import { retryAfter } from './retry-hint.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
@@ -66,9 +66,10 @@ export function createApp(deps: AppDeps): Hono<AppEnv> {
 export type HandleCommand = (request: Inbound, requestId: string) => Promise<Answer>
 
 /**
- * The data plane twice over one pipeline: as a Hono app (the job API, and every command
- * as a Web `Request`), and as the pipeline itself, which Node's own server calls with a
- * request it read straight off the socket (src/runtime/node/data-plane.ts).
+ * The data plane over one handler: the job API first (when `jobs` is given), then the
+ * command pipeline. Node's own server calls `handle` with a request it read straight off
+ * the socket (src/runtime/node/data-plane.ts); `app` is the same handler as a Hono app, for
+ * fetch-based runtimes and `app.request()`.
  *
  * @example
  * const { app, handle } = createDataPlane({ config, store, forward })
@@ -77,25 +78,46 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const log = deps.log ?? silentLogger
   const metrics = deps.metrics ?? noMetrics
   const rules = deps.rules ?? staticRules(deps.config)
-  const handle = createPipeline({ ...deps, authenticate: deps.authenticate ?? noAuthentication, rules, log, metrics })
-  const app = new Hono<AppEnv>()
-  app.use(async (c, next) => {
-    c.set('requestId', requestIdOf(c.req.raw))
-    await next()
-    // The pipeline and problems set it themselves; this covers the job API's own answers.
-    if (!c.res.headers.has('x-request-id')) c.header('x-request-id', c.get('requestId'))
-  })
-  if (deps.jobs) app.route(jobsPath, createJobsApp({ config: deps.config, jobs: deps.jobs, authenticate: deps.authenticate ?? noAuthentication, log, wake: deps.claimWake, metrics }))
-  app.all('*', async (c) => toResponse(await handle(webInbound(c.req.raw), c.get('requestId'))))
-  // The pipeline renders its own failures; this also covers the job API.
-  app.onError((err, c) => {
-    if (err instanceof FencegateError) return problemResponse(err, c.get('requestId'))
-    if (err instanceof StoreError) {
-      log.error('store_failed', { request_id: c.get('requestId'), store_code: storeCode(err) })
-      return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed', {}, retryAfter(1000)), c.get('requestId'))
+  const authenticate = deps.authenticate ?? noAuthentication
+  const command = createPipeline({ ...deps, authenticate, rules, log, metrics })
+  const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics })
+  const handle: HandleCommand = !jobsApi ? command : async (request, requestId) => {
+    // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
+    if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
+    let answer: Answer | undefined
+    try {
+      answer = await jobsApi(request, requestId)
+    } catch (err) {
+      return jobsProblem(err, requestId, log)
     }
+    return answer ?? command(request, requestId)
+  }
+  const app = new Hono<AppEnv>()
+  app.all('*', async (c) => {
+    const requestId = requestIdOf(c.req.raw)
+    c.set('requestId', requestId)
+    try {
+      return toResponse(await handle(webInbound(c.req.raw), requestId))
+    } catch (err) {
+      // The pipeline throws its failures as the problem to answer (as on Node, data-plane.ts).
+      return toResponse(problemAnswer(err, requestId))
+    }
+  })
+  // Both handlers answer every failure themselves; this is the last resort.
+  app.onError((err, c) => {
     log.error('internal_error', { request_id: c.get('requestId'), error: (err as Error)?.name ?? typeof err })
     return problemResponse(new FencegateError('internal_error'), c.get('requestId'))
   })
   return { app, handle }
+}
+
+/** A job API failure as its problem: the store's are retryable and change nothing. */
+function jobsProblem(err: unknown, requestId: string, log: Logger): Answer {
+  if (err instanceof FencegateError) return problemAnswer(err, requestId)
+  if (err instanceof StoreError) {
+    log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
+    return problemAnswer(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed', {}, retryAfter(1000)), requestId)
+  }
+  log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
+  return problemAnswer(new FencegateError('internal_error'), requestId)
 }

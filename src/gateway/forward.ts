@@ -1,5 +1,5 @@
 import type { HeaderView } from '../http/exchange.js'
-import type { BodySource } from './inbound.js'
+import type { BodySource } from '../http/inbound.js'
 import { attestationHeader } from './attest.js'
 import type { RouteConfig } from '../config/schema.js'
 

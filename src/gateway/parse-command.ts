@@ -1,4 +1,4 @@
-import type { Inbound } from './inbound.js'
+import type { Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import type { IdempotencyClaim } from '../store/store.js'

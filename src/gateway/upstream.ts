@@ -1,4 +1,4 @@
-import type { BodySource, Inbound } from './inbound.js'
+import type { BodySource, Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { Held } from '../store/store.js'
 import { attestationHeader, attestCommand } from './attest.js'

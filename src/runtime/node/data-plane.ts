@@ -9,19 +9,15 @@ import { headerViewOf, nodeInbound } from './inbound.js'
 /**
  * Node's data-plane server: commands go from the socket to the pipeline and back without
  * a Web `Request` or `Response` (those cost a passthrough about as much CPU as the rest of
- * it, `npm run bench -- profile`). Paths under `honoPrefix` (the job API) go to the Hono
- * listener. The raw-target check comes before it (`guardTargets`, src/runtime/node/target.ts).
+ * it, `npm run bench -- profile`); the job API is served the same way. The raw-target check
+ * comes before it (`guardTargets`, src/runtime/node/target.ts).
  *
  * @example
- * const { app, handle } = createDataPlane(deps)
- * createServer(nodeDataPlane({ handle, hono: getRequestListener(app.fetch), honoPrefix: jobsPath, log }))
+ * const { handle } = createDataPlane(deps)
+ * createServer(nodeDataPlane({ handle, log }))
  */
-export function nodeDataPlane(o: { handle: HandleCommand; hono: RequestListener; honoPrefix: string; log: Logger }): RequestListener {
+export function nodeDataPlane(o: { handle: HandleCommand; log: Logger }): RequestListener {
   return (incoming, res) => {
-    if (under(incoming.url ?? '', o.honoPrefix)) {
-      o.hono(incoming, res)
-      return
-    }
     serveCommand(o.handle, incoming, res).catch((err: unknown) => {
       // Only writing can fail here (the pipeline answers every failure as a problem).
       o.log.warn('answer_failed', { error: (err as Error)?.name ?? typeof err })
@@ -35,17 +31,11 @@ async function serveCommand(handle: HandleCommand, incoming: IncomingMessage, re
   const requestId = requestIdOf({ headers })
   let answer: Answer
   try {
-    answer = await handle(nodeInbound(incoming, headers), requestId)
+    answer = await handle(nodeInbound(incoming, headers, res), requestId)
   } catch (err) {
     answer = problemAnswer(err, requestId)
   }
   // A body refused as too large is not read to its end: the connection closes after the answer.
   if (answer.status === 413 && !incoming.readableEnded) res.shouldKeepAlive = false
   await writeAnswer(answer, res)
-}
-
-function under(target: string, prefix: string): boolean {
-  if (!target.startsWith(prefix)) return false
-  const next = target.charAt(prefix.length)
-  return next === '' || next === '/' || next === '?'
 }

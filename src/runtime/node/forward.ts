@@ -2,7 +2,7 @@ import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
 import { ForwardError, wholeBody, type Forward } from '../../gateway/forward.js'
-import type { BodySource } from '../../gateway/inbound.js'
+import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])

@@ -7,7 +7,6 @@ import { createAttestationSigner, type AttestationSigner } from '../../gateway/a
 import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
 import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
-import { jobsPath } from '../../leases/api.js'
 import { createJobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
 import { guardTargets } from './target.js'
@@ -133,14 +132,14 @@ export async function startGateway(options: {
 type HonoFetch = (request: Request, env: never) => Response | Promise<Response>
 
 /**
- * The data plane's Node listener: commands on Node's own server (src/runtime/node/data-plane.ts),
- * the job API through Hono.
+ * The data plane's Node listener: commands and the job API on Node's own server
+ * (src/runtime/node/data-plane.ts), behind the raw-target guard.
  *
  * @example
  * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
  */
-export function dataPlaneListener(plane: { app: { fetch: HonoFetch }; handle: HandleCommand }, log: Logger): RequestListener {
-  return guardTargets(nodeDataPlane({ handle: plane.handle, hono: getRequestListener(plane.app.fetch as never), honoPrefix: jobsPath, log }))
+export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger): RequestListener {
+  return guardTargets(nodeDataPlane({ handle: plane.handle, log }))
 }
 
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */

@@ -1,8 +1,8 @@
-import type { IncomingMessage } from 'node:http'
+import type { IncomingMessage, ServerResponse } from 'node:http'
 import { Transform } from 'node:stream'
 import { checkedLength, concatBytes, tooLarge, wholeRequestLimit } from '../../http/body.js'
 import type { HeaderView } from '../../http/exchange.js'
-import type { Inbound, PassedBody } from '../../gateway/inbound.js'
+import type { Inbound, PassedBody } from '../../http/inbound.js'
 
 /**
  * The request as Node delivered it, read in one pass over its header lines: no Web
@@ -32,16 +32,32 @@ export function headerViewOf(rawHeaders: string[]): HeaderView {
  * is origin-form; the host is not read (the upstream gets its own).
  *
  * @example
- * const answer = await handle(nodeInbound(incoming, headerViewOf(incoming.rawHeaders)), requestId)
+ * const answer = await handle(nodeInbound(incoming, headerViewOf(incoming.rawHeaders), res), requestId)
  */
-export function nodeInbound(incoming: IncomingMessage, headers: HeaderView): Inbound {
+export function nodeInbound(incoming: IncomingMessage, headers: HeaderView, res: ServerResponse): Inbound {
+  let gone: AbortSignal | undefined
   return {
     method: incoming.method ?? 'GET',
     url: new URL(`http://gateway${incoming.url ?? '/'}`),
     headers,
     readBody: (limit) => readWhole(incoming, headers, limit),
     passBody: (limit) => passOn(incoming, headers, limit),
+    // Made only when asked for (a waiting claim): most requests never need one.
+    get signal() {
+      return (gone ??= goneSignal(res))
+    },
   }
+}
+
+/** Aborted when the response closes before it was written in full: the client went away. */
+function goneSignal(res: ServerResponse): AbortSignal {
+  const controller = new AbortController()
+  const check = () => {
+    if (!res.writableFinished) controller.abort(new Error('the client closed the connection before its answer'))
+  }
+  if (res.closed) check()
+  else res.once('close', check)
+  return controller.signal
 }
 
 /** Reads the body into memory; past `limit` it stops reading (the socket stays open for the 413). */

@@ -1,5 +1,5 @@
-import type { HeaderView } from '../http/exchange.js'
-import { limitBody, readBody } from '../http/body.js'
+import type { HeaderView } from './exchange.js'
+import { limitBody, readBody } from './body.js'
 
 /** A request body as it is passed upstream: bytes, a Web stream, or (on Node) the socket's chunks. */
 export type BodySource = Uint8Array | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array> | null
@@ -16,7 +16,7 @@ export interface PassedBody {
  * so a request on Node never becomes a Web `Request`.
  *
  * @example
- * const answer = await handle(webInbound(request), requestIdOf(request.headers))
+ * const answer = await handle(webInbound(request), requestIdOf(request))
  */
 export interface Inbound {
   method: string
@@ -26,6 +26,8 @@ export interface Inbound {
   readBody(limit: number): Promise<Uint8Array>
   /** The body to pass through, failing once more than `limit` bytes went by. */
   passBody(limit: number): Promise<PassedBody>
+  /** Aborted when the client goes away before its answer is written (a waiting claim stops waiting). */
+  readonly signal: AbortSignal
 }
 
 /**
@@ -41,5 +43,8 @@ export function webInbound(request: Request): Inbound {
     headers: request.headers,
     readBody: (limit) => readBody(request, limit),
     passBody: (limit) => limitBody(request, limit),
+    get signal() {
+      return request.signal
+    },
   }
 }

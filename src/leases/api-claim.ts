@@ -1,0 +1,61 @@
+import type { JobType } from '../config/schema.js'
+import type { Answer } from '../http/exchange.js'
+import { claimBody, jsonBody } from './api-body.js'
+import { jsonAnswer, noContent, type JobCall, type JobsContext } from './api-context.js'
+import type { Claimed } from './store.js'
+
+/**
+ * `POST /_fencegate/jobs/claim`: the earliest claimable job (or, with `max`, up to that
+ * many), each under a new fence and lease. With `wait`, a claim that finds nothing waits
+ * for a start's notification (src/leases/wake.ts) until its deadline.
+ *
+ * @example
+ * // POST /_fencegate/jobs/claim {"worker_id":"w1","wait":10} → 200 {"job_id":"7","fence":"3",…} or 204
+ */
+export async function claimHandler(ctx: JobsContext, { request, requestId, identity }: JobCall): Promise<Answer> {
+  const body = await jsonBody(request, claimBody, ctx.limit)
+  const wanted = ctx.typesFor(body.types)
+  const claim = { tenant: identity.tenant, workerId: body.worker_id, types: wanted, max: body.max }
+  // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
+  const answer = (claimed: Claimed[]) => {
+    if (claimed.length === 0) return undefined
+    const shown = claimed.map(({ state: _state, reclaimed: _reclaimed, ...one }) => one)
+    return jsonAnswer(200, body.max === undefined ? shown[0]! : { jobs: shown }, requestId)
+  }
+  if (!body.wait) return answer(await claimRound(ctx, claim)) ?? noContent(requestId)
+  // The deadline is a request timeout, so the process's monotonic clock is right for it;
+  // whether a job is due or a lease expired is decided by the claim statement on the database clock.
+  const deadline = performance.now() + body.wait * 1000
+  const waiter = await ctx.wake.register(wanted.map((t) => t.name), deadline)
+  try {
+    for (;;) {
+      const claimed = answer(await claimRound(ctx, claim))
+      if (claimed) return claimed
+      const why = await waiter.next(deadline, request.signal)
+      // A client that left gets no job: a claim nobody reads would only burn an attempt.
+      if (why === 'aborted') return noContent(requestId)
+      // One last look at the deadline, then nothing.
+      if (why === 'deadline') return answer(await claimRound(ctx, claim)) ?? noContent(requestId)
+    }
+  } finally {
+    waiter.release()
+  }
+}
+
+/** Claims once; jobs out of attempts are finished by the claim itself, so it goes on until one runs or none is left. */
+async function claimRound(ctx: JobsContext, c: { tenant: string; workerId: string; types: JobType[]; max: number | undefined }): Promise<Claimed[]> {
+  for (let i = 0; i < 100; i++) {
+    const request = { tenant: c.tenant, workerId: c.workerId, types: c.types }
+    // claimOne keeps its own store-call metric (call="claimOne") for one-job claims.
+    const all = c.max === undefined ? [await ctx.jobs.claimOne(request)].filter((one) => one !== undefined) : await ctx.jobs.claimJobs({ ...request, max: c.max })
+    if (all.length === 0) return []
+    const claimed = all.filter((one) => one.state === 'running')
+    if (claimed.length === 0) continue
+    for (const one of claimed) {
+      ctx.log.info('job_claimed', { job_id: one.job_id, fence: one.fence, attempt: one.attempt })
+      ctx.metrics.jobClaimed({ type: one.type, reclaimed: one.reclaimed })
+    }
+    return claimed
+  }
+  return []
+}
