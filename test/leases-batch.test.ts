@@ -47,6 +47,35 @@ describe.each(backends())('batch claims and bulk starts on $name', (backend) => 
     expect(states).toEqual([{ state: 'running', n: 24 }, { state: 'succeeded', n: 1 }])
   })
 
+  it('a claim PostgreSQL rolled back to break a deadlock is claimed again (regression: the 100,000-deep bench died on 40P01)', async () => {
+    await bulk(keys(12))
+    // A real 40P01 from the database, raised by a trigger on the claim's update while `fail_next` is above zero:
+    // a sequence, so the count survives the rollback the error causes.
+    await t.db.sql`CREATE SEQUENCE fail_next MINVALUE 0 START 0`
+    await t.db.sql`CREATE FUNCTION deadlock_on_update() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF (SELECT last_value FROM fail_next) > 0 THEN
+          PERFORM setval('fail_next', (SELECT last_value FROM fail_next) - 1);
+          RAISE EXCEPTION 'deadlock (test)' USING ERRCODE = '40P01';
+        END IF;
+        RETURN NEW;
+      END $$`
+    await t.db.sql`CREATE TRIGGER deadlock_on_update BEFORE UPDATE ON fg_jobs FOR EACH ROW EXECUTE FUNCTION deadlock_on_update()`
+    const failNext = (n: number) => t.db.sql`SELECT setval('fail_next', ${n}, true)`
+    await failNext(2)
+    const one = await call('/claim', { worker_id: 'w1' })
+    expect([one.status, one.json.fence, one.json.attempt]).toEqual([200, '1', 1])
+    await failNext(2)
+    const batch = await call('/claim', { worker_id: 'w2', max: 10 })
+    expect([batch.status, batch.json.jobs.length]).toEqual([200, 10])
+    // Three rollbacks in a row: the claim gives up as a store failure and takes nothing.
+    await failNext(3)
+    expect((await call('/claim', { worker_id: 'w3' })).json).toMatchObject({ status: 503, code: 'store_unavailable' })
+    const taken = await t.db.sql<{ state: string; fence: string; n: number }>`
+      SELECT state, fence::text AS fence, count(*)::int AS n FROM fg_jobs GROUP BY state, fence ORDER BY state`
+    expect(taken).toEqual([{ state: 'queued', fence: '0', n: 1 }, { state: 'running', fence: '1', n: 11 }])
+  })
+
   it('concurrent batch claims never hand one job to two workers', async () => {
     expect((await bulk(keys(200))).status).toBe(200)
     const got: string[][] = Array.from({ length: 8 }, () => [])

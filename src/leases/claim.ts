@@ -1,5 +1,5 @@
 import type { JobType } from '../config/schema.js'
-import type { Db } from '../store/db.js'
+import { retryRolledBack, type Db } from '../store/db.js'
 import { typesJson } from './job-types.js'
 
 // The claim: the only statement that reads the queue. Its cost must not grow with the
@@ -58,11 +58,16 @@ export async function claimJobs(db: Db, c: ClaimRequest): Promise<Claimed[]> {
   const max = c.max ?? 1
   if (!Number.isInteger(max) || max < 1 || max > maxClaimBatch) throw new RangeError(`max must be an integer from 1 to ${maxClaimBatch}`)
   if (c.types.length === 0) return []
-  if (max === 1 && c.types.length === 1) {
-    const row = await claimOneOfType(db, c.tenant, c.workerId, c.types[0]!)
-    return row ? [row] : []
-  }
-  return claimBatch(db, c.tenant, c.workerId, c.types, max)
+  // SKIP LOCKED skips a locked candidate, but locking the newer version of a row updated
+  // meanwhile still waits, so a claim can deadlock with a batch of completions (seen once
+  // at 100,000 queued). PostgreSQL then rolls the claim back whole: it is claimed again.
+  return retryRolledBack(async () => {
+    if (max === 1 && c.types.length === 1) {
+      const row = await claimOneOfType(db, c.tenant, c.workerId, c.types[0]!)
+      return row ? [row] : []
+    }
+    return claimBatch(db, c.tenant, c.workerId, c.types, max)
+  })
 }
 
 /**

@@ -1,4 +1,4 @@
-import { StoreError } from './db.js'
+import { rolledBack, StoreError } from './db.js'
 
 /**
  * When a batch is written: called with the flush once per batch, when its first item
@@ -80,11 +80,6 @@ async function writeAll<I, O>(write: (items: I[]) => Promise<O[]>, batch: { item
     if (batch.length === 1 || !(rowsFault(err) || rolledBack(err))) return batch.forEach((p) => p.reject(err))
     await Promise.all(batch.map((p) => writeAll(write, [p])))
   }
-}
-
-/** Rolled back by PostgreSQL for concurrency (deadlock, serialization): safe to write again. */
-function rolledBack(err: unknown): boolean {
-  return err instanceof StoreError && err.sqlstate?.startsWith('40') === true
 }
 
 /** A failure caused by a row's values (data exception, integrity violation), not by the store. */

@@ -77,6 +77,32 @@ export const sqlstate = {
   deadlockDetected: '40P01',
 } as const
 
+/**
+ * Rolled back by PostgreSQL to break a deadlock or a serialization conflict (SQLSTATE class
+ * 40): the statement changed nothing, so running it again is safe.
+ */
+export function rolledBack(err: unknown): boolean {
+  return err instanceof StoreError && err.sqlstate?.startsWith('40') === true
+}
+
+/**
+ * Runs a single-statement store call, again (up to `attempts` in all) when PostgreSQL
+ * rolled it back for concurrency. Only for a call that is one statement: a rolled-back
+ * statement left nothing behind.
+ *
+ * @example
+ * const rows = await retryRolledBack(() => db.sql`UPDATE fg_jobs SET ... RETURNING id`)
+ */
+export async function retryRolledBack<T>(run: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await run()
+    } catch (err) {
+      if (attempt >= attempts || !rolledBack(err)) throw err
+    }
+  }
+}
+
 /** Joins a template into `$1, $2, ...` text for drivers that take (text, params). */
 export function toNumbered(strings: TemplateStringsArray): string {
   let text = strings[0]!
