@@ -213,12 +213,12 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     console.log(`workload: no-op jobs, ${o.concurrency} in flight, depths ${o.depths.join(', ')}${o.steadyJobs ? `, steady ${o.steadyJobs} jobs (${o.producers} producers, backlog ${o.backlog})` : ''}, batch ${o.batch}, ${o.rounds} round(s) after a discarded warm-up`)
     const [port, adminPort] = [await freePort(), await freePort()]
     const configFile = join(tmp, 'fencegate.leases.yaml')
-    writeFileSync(configFile, JSON.stringify({ server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' }, routes: [unusedRoute], job_types: [jobType] }))
+    writeFileSync(configFile, JSON.stringify({ server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' }, store: { max_connections: o.concurrency }, routes: [unusedRoute], job_types: [jobType] }))
     gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], { ...process.env, DATABASE_URL: store.url }, [])
     const child = gateway
     cleanups.unshift(() => stopChild(child))
     await waitUntil(gateway, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
-    // The same pool size as the gateway's own and graphile-worker's here, so every system gets equal connections.
+    // The same pool size as the gateway's (its config above) and graphile-worker's, so every system gets equal connections.
     const db: Db = connectPostgres(url, { max: o.concurrency })
     cleanups.unshift(() => db.close())
     // As the gateway wires it: the completions of one event-loop turn share a statement.

@@ -48,7 +48,7 @@ export async function runProfile(argv: string[]): Promise<number> {
     for (const c of selected) {
       const name = `${c.name}.cpuprofile`
       const hook = ['--import', new URL('./profiler-hook.js', import.meta.url).href]
-      const gw = await startGateway(dir, systems.upstreamUrl, store, [...options.gatewayNodeOptions, ...hook], options.gatewayLog,
+      const gw = await startGateway(dir, systems.upstreamUrl, store, options.pool, [...options.gatewayNodeOptions, ...hook], options.gatewayLog,
         `gateway-${c.name}`, { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name) })
       try {
         if (c.traffic.key === 'replay') console.log(`replay pool: ${await completeKeys(gw.url, traffic(c), options.connections, controller.signal)}`)

@@ -16,9 +16,10 @@ import postgres from 'postgres'
 import { Pool } from 'undici'
 import { forwardable, serveUntilParentGoes } from './child.js'
 
-const [upstream, databaseUrl] = process.argv.slice(2)
-if (upstream && databaseUrl) {
-  const sql = postgres(databaseUrl, { max: 20, onnotice: () => {} })
+const [upstream, databaseUrl, connections] = process.argv.slice(2)
+if (upstream && databaseUrl && connections) {
+  // As many connections as the gateway's (--pool).
+  const sql = postgres(databaseUrl, { max: Number(connections), onnotice: () => {} })
   const pool = new Pool(upstream, { connections: 128, pipelining: 1, keepAliveTimeout: 120_000 })
   const entityOf = (url: string) => /\/([^/]+)\/capture/.exec(url)?.[1]
 

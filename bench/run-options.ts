@@ -1,4 +1,5 @@
 import { parseArgs } from 'node:util'
+import { defaultMaxConnections } from '../src/config/schema.js'
 import type { LoadGenerator } from './load.js'
 
 export const caseNames = ['nginx-proxy', 'bare-node', 'hand-fence', 'hand-hot', 'hand-key', 'fg-off', 'fg-spread', 'fg-hot', 'fg-key', 'fg-replay', 'fg-raise'] as const
@@ -24,6 +25,8 @@ export interface BenchOptions {
   /** Node flags for the gateway; none by default: what `npx fencegate serve` gets. */
   gatewayNodeOptions: string[]
   gatewayLog: string | undefined
+  /** PostgreSQL connections of the gateway and of the hand-rolled fence. */
+  pool: number
   /** The PostgreSQL server; the bench creates a fresh database on it and drops it at the end. */
   databaseUrl: string
   /** A label for the report, e.g. "noisy machine". */
@@ -46,6 +49,7 @@ const flags = {
   'no-nginx': { type: 'boolean', help: 'skip nginx even when it is on PATH (a Node upstream then)' },
   'gateway-node-options': { type: 'string', help: 'node flags for the gateway (default none); write it with =' },
   'gateway-log': { type: 'string', help: 'a file that gets all of the gateway\'s output' },
+  pool: { type: 'string', help: `PostgreSQL connections of the gateway (store.max_connections) and of the hand-rolled fence (default ${defaultMaxConnections}, the gateway's default)` },
   'database-url': { type: 'string', help: `PostgreSQL server for the fresh database (default $DATABASE_URL or ${defaultDatabaseUrl})` },
   note: { type: 'string', help: 'a label printed with the results, e.g. "noisy machine"' },
   help: { type: 'boolean', help: 'this help' },
@@ -113,6 +117,7 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     nginx: values['no-nginx'] !== true,
     gatewayNodeOptions: nodeOptions,
     gatewayLog: str('gateway-log'),
+    pool: integer(str('pool'), 'pool', defaultMaxConnections, 1, 100),
     databaseUrl,
     note: str('note'),
   }

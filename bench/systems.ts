@@ -25,12 +25,13 @@ export interface Systems {
 }
 
 /** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
-export function gatewayConfig(upstream: string, port: number, adminPort: number): string {
+export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number): string {
   const route = { method: 'POST', upstream, timeout_ms: 10_000 }
   const entity = 'invoice:{params.invoice_id}'
   return JSON.stringify({
     server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort },
     log: { level: 'warn' },
+    store: { max_connections: pool },
     routes: [
       { ...route, name: 'passthrough', path: '/passthrough/:invoice_id/capture', fence: 'off' },
       { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
@@ -40,10 +41,10 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number)
 }
 
 /** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
-export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}): Promise<{ url: string; child: Child }> {
+export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}): Promise<{ url: string; child: Child }> {
   const [port, adminPort] = [await freePort(), await freePort()]
   const configFile = join(dir, `${name}.yaml`)
-  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort))
+  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool))
   const main = new URL('../src/cli/main.js', import.meta.url)
   const args = ['serve', '--config', configFile]
   const childEnv = { ...process.env, ...env, DATABASE_URL: store.url }
@@ -107,8 +108,8 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
       await answering(child, running.nginx.url)
     }
     if (needs.has('bare')) children.push((running.bare = await nodeServer('bare-proxy', './ref-proxy.js', [upstreamUrl])).child)
-    if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url])).child)
-    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.gatewayNodeOptions, options.gatewayLog)).child)
+    if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url, String(options.pool)])).child)
+    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, options.gatewayLog)).child)
     return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop, kill }
   } catch (err) {
     await stop()

@@ -8,6 +8,9 @@ const integer = (min: number, max: number, what = 'an integer') => z.union([z.nu
   .pipe(z.number().int().min(min).max(max))
 const port = integer(0, 65535, 'a port number')
 
+/** `store.max_connections` when not given. */
+export const defaultMaxConnections = 20
+
 const size = z.union([z.number(), z.string()]).transform((v, ctx) => {
   const bytes = parseSize(v)
   if (bytes === undefined || bytes < 1) {
@@ -220,6 +223,9 @@ export const configSchema = z.object({
     // `transaction` behind a pooler in transaction mode (PgBouncer): each statement may run on
     // another server connection, so none may rely on a prepared statement or a pipeline.
     pooler: z.enum(['none', 'transaction']).default('none'),
+    // Connections to PostgreSQL. When all are busy, postgres.js pipelines statements on them,
+    // which costs both sides less CPU than a connection per statement (docs/benchmarks.md).
+    max_connections: integer(1, 100).default(defaultMaxConnections),
   }).strict().prefault({}),
   log: z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),

@@ -70,7 +70,7 @@ export async function startGateway(options: {
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const attest = await attestationSigner(config)
-  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler })
+  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max: config.store.max_connections })
   const metrics = createPromMetrics({
     readGauges: () => readStoreGauges(db),
     ruleVersion: () => rules.current().version,
