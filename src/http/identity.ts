@@ -2,7 +2,7 @@ import type { HeaderView } from './exchange.js'
 import { createLocalJWKSet, createRemoteJWKSet, errors, exportJWK, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey } from 'jose'
 import type { AuthConfig } from '../config/schema.js'
 import { FencegateError } from './problems.js'
-import { isStorableText } from '../gateway/route.js'
+import { isStorableText } from '../config/templates.js'
 
 /** Who sent a request: the tenant scopes every fence, key and audit row. */
 export interface Identity {
