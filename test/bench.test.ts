@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { summarise } from '../bench/cpuprofile.js'
+import { defaultMaxConnections } from '../src/config/schema.js'
 import { prepareStore, type BenchStore } from '../bench/fresh-db.js'
 import { runLoad } from '../bench/load.js'
 import type { Sample } from '../bench/measure.js'
@@ -184,7 +185,7 @@ describe.skipIf(!process.env.DATABASE_URL)('the hand-rolled fence reference (ben
     store = await prepareStore(process.env.DATABASE_URL!)
     upstream = startChild('upstream', dist('upstream.js'), [], process.env)
     const upstreamUrl = `http://127.0.0.1:${await listeningPort(upstream)}`
-    reference = startChild('hand-fence', dist('ref-fence.js'), [upstreamUrl, store.url], process.env)
+    reference = startChild('hand-fence', dist('ref-fence.js'), [upstreamUrl, store.url, String(defaultMaxConnections)], process.env)
     url = `http://127.0.0.1:${await listeningPort(reference)}`
   })
   afterAll(async () => {
