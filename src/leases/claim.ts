@@ -1,5 +1,5 @@
 import type { JobType } from '../config/schema.js'
-import { retryRolledBack, type Db } from '../store/db.js'
+import { inlined, retryRolledBack, withInlined, type Db } from '../store/db.js'
 import { typesJson } from './job-types.js'
 
 // The claim: the only statement that reads the queue. Its cost must not grow with the
@@ -114,20 +114,23 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
  * generic plan finds them by primary key rather than hashing the table.
  */
 async function claimBatch(db: Db, tenant: string, workerId: string, types: JobType[], max: number): Promise<Claimed[]> {
-  return db.sql<Claimed>`
+  // `max` is written into the text: bound, it kept PostgreSQL planning this statement on
+  // every call (362 µs of planning to 401 µs of execution at 20,000 queued).
+  const limit = inlined(max)
+  return withInlined<Claimed>(db)`
     WITH types AS (
       SELECT * FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer)
     ), candidate AS (
       SELECT c.id, c.at, c.reclaimed, t.name AS type, t.lease_ms, t.max_attempts FROM types AS t CROSS JOIN LATERAL (
         SELECT q.id, q.run_after AS at, false AS reclaimed FROM fg_jobs AS q
         WHERE q.tenant = ${tenant} AND q.type = t.name AND q.state = 'queued' AND q.run_after <= now()
-        ORDER BY q.run_after, q.id LIMIT ${max} FOR UPDATE SKIP LOCKED) AS c
+        ORDER BY q.run_after, q.id LIMIT ${limit} FOR UPDATE SKIP LOCKED) AS c
       UNION ALL
       SELECT c.id, c.at, c.reclaimed, t.name, t.lease_ms, t.max_attempts FROM types AS t CROSS JOIN LATERAL (
         SELECT r.id, r.lease_until AS at, true AS reclaimed FROM fg_jobs AS r
         WHERE r.tenant = ${tenant} AND r.type = t.name AND r.state = 'running' AND r.lease_until <= now()
-        ORDER BY r.lease_until, r.id LIMIT ${max} FOR UPDATE SKIP LOCKED) AS c
-      ORDER BY at, id LIMIT ${max}
+        ORDER BY r.lease_until, r.id LIMIT ${limit} FOR UPDATE SKIP LOCKED) AS c
+      ORDER BY at, id LIMIT ${limit}
     ), claimed AS (
       UPDATE fg_jobs AS j SET
         state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= c.max_attempts THEN 'failed' ELSE 'running' END,

@@ -103,6 +103,41 @@ export async function retryRolledBack<T>(run: () => Promise<T>, attempts = 3): P
   }
 }
 
+/** A whole number written into a statement's text rather than bound (see `withInlined`). */
+export interface Inlined {
+  readonly inlined: number
+}
+
+/** Marks a whole number to be written into the statement's text; anything else is refused. */
+export function inlined(n: number): Inlined {
+  if (!Number.isSafeInteger(n)) throw new RangeError(`only a whole number is written into a statement, got ${n}`)
+  return { inlined: n }
+}
+
+/**
+ * A tagged template over `db.sql` in which `inlined(n)` values are written into the text and
+ * every other value stays a bind parameter. For a `LIMIT` the planner must see: a bound one
+ * is estimated as a tenth of the table, so PostgreSQL plans such a statement anew on every
+ * call. Each distinct number gives a statement text of its own, kept prepared like any other.
+ *
+ * @example
+ * await withInlined<{ id: string }>(db)`SELECT id FROM fg_jobs WHERE tenant = ${tenant} LIMIT ${inlined(max)}`
+ */
+export function withInlined<T = Row>(db: Pick<Db, 'sql'>) {
+  return (strings: TemplateStringsArray, ...values: (SqlValue | Inlined)[]): Promise<T[]> => {
+    const text: string[] = [strings[0]!]
+    const bound: SqlValue[] = []
+    values.forEach((value, i) => {
+      if (value !== null && typeof value === 'object' && 'inlined' in value) text[text.length - 1] += String(value.inlined) + strings[i + 1]!
+      else {
+        bound.push(value)
+        text.push(strings[i + 1]!)
+      }
+    })
+    return db.sql<T>(Object.assign(text, { raw: text }) as unknown as TemplateStringsArray, ...bound)
+  }
+}
+
 /** Joins a template into `$1, $2, ...` text for drivers that take (text, params). */
 export function toNumbered(strings: TemplateStringsArray): string {
   let text = strings[0]!
