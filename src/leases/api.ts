@@ -99,7 +99,6 @@ function jobIdOf(segment: string): string {
   return raw
 }
 
-
 async function start(ctx: JobsContext, { request, requestId, identity }: JobCall): Promise<Answer> {
   const body = await jsonBody(request, startBody, ctx.limit)
   ctx.typesFor([body.type])
