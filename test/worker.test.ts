@@ -5,6 +5,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { ConfigError, parseConfig } from '../src/config/schema.js'
 import { createFetchForward } from '../src/runtime/workers/forward.js'
 import { ForwardError, type ForwardRequest } from '../src/gateway/forward.js'
+import { toResponse } from '../src/http/exchange.js'
 import { createWorker, type FencegateWorker } from '../src/runtime/workers/app.js'
 import type { WorkerContext, WorkerEnv } from '../src/runtime/workers/bindings.js'
 import worker from '../src/runtime/workers/entry.js'
@@ -242,7 +243,9 @@ describe('createFetchForward against a real upstream', () => {
   const request = (url: string, init: Partial<ForwardRequest> = {}, overrides: Record<string, unknown> = {}): ForwardRequest => ({
     route: routeTo(url, overrides), target: '/x', method: 'POST', headers: new Headers(), body: null, ...init,
   })
-  const forward = createFetchForward()
+  // The Forward's answer as a Response, to read its body the way a fetch runtime would.
+  const fetchForward = createFetchForward()
+  const forward = async (r: ForwardRequest) => toResponse(await fetchForward(r))
 
   it('sends method, base path, target, headers and body, and returns the answer', async () => {
     upstream.handle((req, res) => {

@@ -1,4 +1,4 @@
-import type { HeaderView } from '../http/exchange.js'
+import type { Answer, HeaderView } from '../http/exchange.js'
 import type { BodySource } from '../http/inbound.js'
 import { attestationHeader } from './attest.js'
 import type { RouteConfig } from '../config/schema.js'
@@ -14,23 +14,17 @@ export interface ForwardRequest {
 }
 
 /**
- * Sends one request upstream and resolves with the upstream's response once
- * its headers arrive; the body streams. Implementations: undici on Node
- * (`src/runtime/node/forward.ts`), fetch elsewhere. Failures throw ForwardError.
+ * Sends one request upstream and resolves with the upstream's answer once its headers
+ * arrive: a body the Forward read whole comes as bytes (the pipeline stores and sends them
+ * as they are), any other streams. A plain `Answer`, not a Web `Response`: on Node, making
+ * a `Response` around the bytes built a Web stream for them, about a tenth of a fenced
+ * command's CPU. Implementations: undici on Node (`src/runtime/node/forward.ts`), fetch
+ * elsewhere. Failures throw ForwardError.
+ *
+ * @example
+ * const forward: Forward = async () => ({ status: 200, headers: new Headers(), body: new TextEncoder().encode('ok') })
  */
-export type Forward = (request: ForwardRequest) => Promise<Response>
-
-/**
- * Where a Forward that read a small answer whole leaves its bytes on the Response, so the
- * pipeline sends and stores them as they are: reading `Response.body` would turn them back
- * into a stream (on Node, that stream costs more CPU than the rest of a passthrough).
- */
-export const wholeBody = Symbol('fencegate.wholeBody')
-
-/** The answer's bytes when its Forward read them whole (`wholeBody`), else undefined. */
-export function wholeBodyOf(response: Response): Uint8Array<ArrayBuffer> | undefined {
-  return (response as Response & { [wholeBody]?: Uint8Array<ArrayBuffer> })[wholeBody]
-}
+export type Forward = (request: ForwardRequest) => Promise<Answer>
 
 /**
  * Why forwarding failed. `sent` tells whether the upstream may have received

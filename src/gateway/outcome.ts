@@ -1,6 +1,6 @@
 import { concatBytes } from '../http/body.js'
+import type { Answer } from '../http/exchange.js'
 import type { RouteConfig } from '../config/schema.js'
-import { wholeBodyOf } from './forward.js'
 import { captureBody, storedHeaders, type Captured } from './idempotency.js'
 import type { Logger } from '../observe/log.js'
 import { FencegateError } from '../http/problems.js'
@@ -29,14 +29,13 @@ export async function settleResponse(o: {
   log: Logger
   route: RouteConfig
   held: Held
-  upstream: Response
+  upstream: Answer
   requestId: string
-}): Promise<Uint8Array<ArrayBuffer> | ReadableStream<Uint8Array> | null> {
+}): Promise<Uint8Array | ReadableStream<Uint8Array> | null> {
   const { store, log, route, held, upstream, requestId } = o
-  const whole = wholeBodyOf(upstream)
   if (route.transient_statuses.includes(upstream.status)) {
     await logged(log, requestId, 'release', () => store.release(held))
-    return whole ?? upstream.body
+    return upstream.body
   }
   const headers = storedHeaders(upstream.headers, route.replay_headers)
   const record = async (captured: Captured) => {
@@ -46,9 +45,10 @@ export async function settleResponse(o: {
       : store.complete(held, { replayable: false, response: { status: upstream.status, headers, body: new Uint8Array(0) }, ttlMs: route.idempotency_ttl })
     await logged(log, requestId, 'complete', () => settled)
   }
-  if (whole && whole.byteLength <= route.max_stored_body) {
-    await record({ kind: 'complete', body: whole })
-    return whole
+  if (upstream.body instanceof Uint8Array) {
+    // Read whole by the Forward: stored (or, past max_stored_body, marked not replayable) before it is sent.
+    await record(upstream.body.byteLength <= route.max_stored_body ? { kind: 'complete', body: upstream.body } : { kind: 'too_large' })
+    return upstream.body
   }
   const declared = declaredLength(upstream.headers)
   if (upstream.body && declared !== undefined && declared <= Math.min(route.max_stored_body, wholeAnswerLimit)) {

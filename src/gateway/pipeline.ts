@@ -8,7 +8,7 @@ import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
 import { audited } from './audited.js'
 import { entityOf, entitySources, leaseJobOf } from './command.js'
 import { contextOf, type PipelineContext, type PipelineDeps } from './context.js'
-import { clientResponseHeaders, wholeBodyOf } from './forward.js'
+import { clientResponseHeaders } from './forward.js'
 import type { BodySource, Inbound } from '../http/inbound.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
 import { logged, settleResponse } from './outcome.js'
@@ -69,7 +69,7 @@ export function createPipeline(deps: PipelineDeps) {
       // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
       const slot = await takeDeliverySlot(ctx, trace, held)
       // 5. Forward to the route's upstream.
-      let upstream: Response
+      let upstream: Answer
       try {
         upstream = await timed(trace, 'upstreamMs', () => forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace))
       } finally {
@@ -139,18 +139,15 @@ async function takeDeliverySlot(ctx: PipelineContext, trace: Trace, held: Held |
   }
 }
 
-async function respond(ctx: PipelineContext, request: Inbound, upstream: Response, held: Held | undefined, trace: Trace, started: number): Promise<Answer> {
+async function respond(ctx: PipelineContext, request: Inbound, upstream: Answer, held: Held | undefined, trace: Trace, started: number): Promise<Answer> {
   const rc = trace.route!.config
   const headers = clientResponseHeaders(upstream.headers)
   headers.set('x-request-id', trace.requestId)
   echoIdempotencyKey(headers, request, rc)
-  const whole = wholeBodyOf(upstream)
-  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : whole ?? upstream.body
+  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : upstream.body
   // A captured body ends only once its record is stored; a length would let the client finish earlier.
-  if (held && responseBody !== upstream.body && responseBody !== whole) headers.delete('content-length')
+  if (held && responseBody !== upstream.body) headers.delete('content-length')
   logDecision(ctx, trace, 'forwarded', upstream.status, started)
-  // No reason phrase: reading `statusText` off @hono/node-server's lightweight Response (what the
-  // Node forward returns) built the full Response, turning a whole body back into a Web stream.
   return { status: upstream.status, headers, body: responseBody }
 }
 

@@ -1,3 +1,4 @@
+import type { Answer } from '../http/exchange.js'
 import type { BodySource, Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { Held } from '../store/store.js'
@@ -53,7 +54,7 @@ async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace):
  * Forwards to the route's upstream (the target path is the one that matched). A failure
  * settles the held key first: nothing sent frees it, possibly sent marks its outcome unknown.
  */
-export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Response> {
+export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Answer> {
   const { route, held } = o
   const headers = await outgoingHeaders(ctx, o, trace)
   try {

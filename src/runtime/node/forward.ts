@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
-import { ForwardError, wholeBody, type Forward } from '../../gateway/forward.js'
+import { ForwardError, type Forward } from '../../gateway/forward.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 
@@ -63,9 +63,7 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
     if (empty) res.body.resume()
     const declared = empty ? undefined : smallDeclaredLength(res.headers['content-length'])
     const answer = empty ? null : declared !== undefined ? await readSmall(res.body, declared) : toWebStream(res.body)
-    const response = new Response(answer as BodyInit | null, { status: res.statusCode, headers: responseHeaders })
-    if (answer instanceof Uint8Array) Object.defineProperty(response, wholeBody, { value: answer })
-    return response
+    return { status: res.statusCode, headers: responseHeaders, body: answer }
   }
 
   return {
@@ -78,7 +76,7 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
 }
 
 /**
- * The declared length of an answer to read whole before the Response is made: up to the
+ * The declared length of an answer to read whole before it is handed on: up to the
  * same `wholeAnswerLimit` the pipeline reads a held key's answer to. Node's data plane then
  * writes headers and body in one call, with no Web stream between the two sockets.
  */

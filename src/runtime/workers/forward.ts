@@ -85,7 +85,7 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
       responseHeaders.delete('content-encoding')
       responseHeaders.delete('content-length')
     }
-    if (res.body === null) return new Response(null, { status: res.status, statusText: res.statusText, headers: responseHeaders })
+    if (res.body === null) return { status: res.status, headers: responseHeaders, body: null }
 
     // undici's bodyTimeout, by hand: a body that stalls for timeout_ms fails instead of hanging.
     const chunks = res.body.getReader()
@@ -107,7 +107,7 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
         await chunks.cancel(reason).catch(() => {})
       },
     }, { highWaterMark: 0 })
-    return new Response(stream, { status: res.status, statusText: res.statusText, headers: responseHeaders })
+    return { status: res.status, headers: responseHeaders, body: stream }
   }
 }
 

@@ -24,10 +24,12 @@ export function openRequestScope(url: string, base: Forward): RequestScope {
   const store = createStore(db)
   const upstreamBodies: Promise<void>[] = []
   const forward: Forward = async (request) => {
-    const res = await base(request)
-    const { body, done } = whenConsumed(res.body)
+    const answer = await base(request)
+    // Bytes are already read; only a stream is still to be consumed.
+    if (!(answer.body instanceof ReadableStream)) return answer
+    const { body, done } = whenConsumed(answer.body)
     upstreamBodies.push(done)
-    return new Response(body, res)
+    return { ...answer, body }
   }
   return {
     db,
