@@ -92,49 +92,22 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
 
 /**
  * The fence alone, for commands without a key or a lease: the same decision and
- * stale audit as in `reserve`, in a statement a fraction of its size (most
- * fenced traffic takes this path, and the planner's work is per statement).
+ * stale audit as in `reserve`, by `fg_present_fence` (migrations/0013_present_fence_function.sql).
+ * Most fenced traffic takes this path.
  *
- * A fence the statement's snapshot already shows as the highest (or below it) is decided
+ * A fence the function's read already shows as the highest (or below it) is decided
  * by that read alone: the highest never falls, so an equal fence is accepted and a lower
- * one is stale, and neither writes the fence row. Only a fence above the snapshot's
- * (or an entity's first) goes through the upsert, whose row lock re-checks it against
- * the latest committed value. A holder's repeated calls at its fence then cost a read
- * and no commit flush, where writing the row each time cost ~2.5x the PostgreSQL CPU.
+ * one is stale, and neither writes the fence row. Only a fence above it (or an entity's
+ * first) goes through the upsert, whose row lock re-checks it against the latest committed
+ * value. A holder's repeated calls at its fence then cost a read and no commit flush, where
+ * writing the row each time cost ~2.5x the PostgreSQL CPU. A function rather than the
+ * statement itself: postgres.js rebuilds and hashes a statement's text on every call, and
+ * the 2 KB statement cost the gateway more CPU and allocation than any other step.
  */
 async function presentFence(db: Db, c: Command): Promise<Reservation> {
   const [row] = await db.sql<{ highest: string }>`
-    WITH current AS (
-      SELECT highest_fence FROM fg_fences WHERE tenant = ${c.tenant} AND entity = ${c.entity}
-    ), decided AS (
-      INSERT INTO fg_fences AS f (tenant, entity, highest_fence, updated_at, request_id)
-      SELECT ${c.tenant}, ${c.entity}, ${c.fence}::bigint, now(), ${c.requestId}
-      WHERE NOT EXISTS (SELECT 1 FROM current WHERE highest_fence >= ${c.fence}::bigint)
-      ON CONFLICT (tenant, entity) DO UPDATE
-        SET highest_fence = GREATEST(f.highest_fence, EXCLUDED.highest_fence),
-            updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
-            request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END,
-            previous_fence = f.highest_fence
-      RETURNING highest_fence, previous_fence
-    ), outcome AS (
-      -- Exactly one row: the upsert's answer, or the snapshot's when that decided alone.
-      SELECT highest_fence FROM decided
-      UNION ALL
-      SELECT highest_fence FROM current WHERE highest_fence >= ${c.fence}::bigint
-    ), moved AS (
-      -- The fence's history, by the statement that moved it (see fence-history.ts).
-      INSERT INTO fg_fence_history (tenant, entity, old_fence, new_fence, source, route, caller, request_id)
-      SELECT ${c.tenant}, ${c.entity}, previous_fence, highest_fence, 'command', ${c.route}, ${c.caller}, ${c.requestId}
-      FROM decided WHERE previous_fence IS NULL OR highest_fence > previous_fence
-      RETURNING id
-    ), stale AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id)
-      SELECT ${c.tenant}, ${c.route}, ${c.entity}, 'stale_fence', ${c.fence}::bigint, highest_fence,
-             ${c.method}, ${c.path}, ${c.bodySha256}, ${c.caller}, ${c.requestId}
-      FROM outcome WHERE highest_fence > ${c.fence}::bigint
-      RETURNING id
-    )
-    SELECT highest_fence::text AS highest FROM outcome`
+    SELECT fg_present_fence(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
+      ${c.bodySha256}, ${c.caller}, ${c.requestId})::text AS highest`
   const highest = row!.highest
   return BigInt(highest) > BigInt(c.fence!) ? { kind: 'stale', highest } : { kind: 'proceed', highest }
 }
