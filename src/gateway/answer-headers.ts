@@ -1,4 +1,4 @@
-import type { HeaderView } from '../http/exchange.js'
+import type { HeaderFields, HeaderView } from '../http/exchange.js'
 import type { RouteConfig } from '../config/schema.js'
 import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
 
@@ -14,7 +14,7 @@ import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
  *
  * @example echoIdempotencyKey(response.headers, request, route.config)
  */
-export function echoIdempotencyKey(target: Headers | Record<string, string>, request: { headers: HeaderView }, route: RouteConfig): void {
+export function echoIdempotencyKey(target: HeaderFields | Record<string, string>, request: { headers: HeaderView }, route: RouteConfig): void {
   if (route.idempotency === 'off') return
   const sent = request.headers.get(idempotencyHeader)
   try {
@@ -22,11 +22,15 @@ export function echoIdempotencyKey(target: Headers | Record<string, string>, req
   } catch {
     return
   }
-  if (target instanceof Headers) target.set(idempotencyHeader, sent!)
+  if (isFields(target)) target.set(idempotencyHeader, sent!)
   else target[idempotencyHeader] = sent!
 }
 
 /** A replay is final: asking again gets the same answer, so the retry hint (unless stored) says false. */
-export function hintReplay(headers: Headers, route: RouteConfig): void {
+export function hintReplay(headers: HeaderFields, route: RouteConfig): void {
   if (route.retry_hint_header && !headers.has(route.retry_hint_header)) headers.set(route.retry_hint_header, 'false')
+}
+
+function isFields(target: HeaderFields | Record<string, string>): target is HeaderFields {
+  return typeof target.set === 'function'
 }

@@ -1,4 +1,5 @@
-import type { Answer, HeaderView } from '../http/exchange.js'
+import type { Answer, HeaderFields, HeaderView } from '../http/exchange.js'
+import { HeaderList } from '../http/header-list.js'
 import type { BodySource } from '../http/inbound.js'
 import { attestationHeader } from './attest.js'
 import type { RouteConfig } from '../config/schema.js'
@@ -9,7 +10,7 @@ export interface ForwardRequest {
   /** Path and query to request from the route's upstream origin, e.g. `/payments/42/capture?x=1`. */
   target: string
   method: string
-  headers: Headers
+  headers: HeaderFields
   body: BodySource
 }
 
@@ -47,9 +48,9 @@ const hopByHop = new Set([
   'idempotent-replayed',
 ])
 
-function withoutHopByHop(source: HeaderView): Headers {
+function withoutHopByHop(source: HeaderView): HeaderList {
   const listed = new Set((source.get('connection') ?? '').split(',').map((h) => h.trim().toLowerCase()).filter(Boolean))
-  const out = new Headers()
+  const out = new HeaderList()
   source.forEach((value, name) => {
     if (!hopByHop.has(name) && !listed.has(name)) out.append(name, value)
   })
@@ -57,7 +58,7 @@ function withoutHopByHop(source: HeaderView): Headers {
 }
 
 /** Headers to send upstream: the client's minus hop-by-hop ones (the Forward sets length and host). */
-export function upstreamRequestHeaders(inbound: HeaderView): Headers {
+export function upstreamRequestHeaders(inbound: HeaderView): HeaderList {
   const out = withoutHopByHop(inbound)
   // Only the gateway attests that a fence check passed: a client's own would be a forgery.
   out.delete(attestationHeader)
@@ -65,7 +66,7 @@ export function upstreamRequestHeaders(inbound: HeaderView): Headers {
 }
 
 /** Headers to return to the client: the upstream's minus hop-by-hop ones, keeping its Content-Length. */
-export function clientResponseHeaders(upstream: Headers): Headers {
+export function clientResponseHeaders(upstream: HeaderFields): HeaderList {
   const out = withoutHopByHop(upstream)
   const length = upstream.get('content-length')
   if (length !== null) out.set('content-length', length)

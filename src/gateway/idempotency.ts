@@ -1,4 +1,5 @@
-import type { Answer } from '../http/exchange.js'
+import type { Answer, HeaderView } from '../http/exchange.js'
+import { HeaderList } from '../http/header-list.js'
 import { concatBytes, sha256Hex, type Digest } from '../http/body.js'
 import { FencegateError } from '../http/problems.js'
 import type { StoredResponse } from '../store/store.js'
@@ -66,7 +67,7 @@ export async function fingerprint(method: string, route: string, path: string, q
 const replayableHeaders = ['content-type', 'location', 'content-location', 'etag', 'last-modified', 'link']
 
 /** The allow-listed headers of an upstream response, plus a route's `replay_headers`, as stored for replay. */
-export function storedHeaders(headers: Headers, extra: readonly string[] = []): [string, string][] {
+export function storedHeaders(headers: HeaderView, extra: readonly string[] = []): [string, string][] {
   return [...replayableHeaders, ...extra.filter((name) => !replayableHeaders.includes(name))].flatMap((name) => {
     const value = headers.get(name)
     return value === null ? [] : [[name, value] as [string, string]]
@@ -75,7 +76,7 @@ export function storedHeaders(headers: Headers, extra: readonly string[] = []): 
 
 /** Rebuilds a stored response, byte for byte, marked as a replay. */
 export function replayAnswer(stored: StoredResponse, requestId: string): Answer {
-  const headers = new Headers(stored.headers)
+  const headers = new HeaderList(stored.headers)
   headers.set(replayedHeader, 'true')
   headers.set('x-request-id', requestId)
   const empty = stored.status === 204 || stored.status === 304

@@ -1,5 +1,5 @@
 import { concatBytes } from '../http/body.js'
-import type { Answer } from '../http/exchange.js'
+import type { Answer, HeaderView } from '../http/exchange.js'
 import type { RouteConfig } from '../config/schema.js'
 import { captureBody, storedHeaders, type Captured } from './idempotency.js'
 import type { Logger } from '../observe/log.js'
@@ -61,7 +61,7 @@ export async function settleResponse(o: {
   return captureBody(upstream.body, route.max_stored_body, record)
 }
 
-function declaredLength(headers: Headers): number | undefined {
+function declaredLength(headers: HeaderView): number | undefined {
   const value = headers.get('content-length')
   return value !== null && /^\d{1,15}$/.test(value) ? Number(value) : undefined
 }

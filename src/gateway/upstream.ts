@@ -1,4 +1,5 @@
 import type { Answer } from '../http/exchange.js'
+import type { HeaderList } from '../http/header-list.js'
 import type { BodySource, Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { Held } from '../store/store.js'
@@ -23,7 +24,7 @@ export interface Outgoing {
 }
 
 /** The headers the upstream gets: filtered, the route's own, the decision headers as read, and the attestation last. */
-async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Headers> {
+async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<HeaderList> {
   const { request, route } = o
   const headers = upstreamRequestHeaders(request.headers)
   headers.set('x-request-id', trace.requestId)

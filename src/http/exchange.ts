@@ -11,6 +11,19 @@ export interface HeaderView {
 }
 
 /**
+ * Header fields an answer carries and the data plane edits: Web `Headers` fits, and so does
+ * `HeaderList`, the plain list the data plane builds per command.
+ */
+export interface HeaderFields extends HeaderView {
+  has(name: string): boolean
+  set(name: string, value: string): void
+  append(name: string, value: string): void
+  delete(name: string): void
+  /** Every `Set-Cookie` field apart: they cannot be joined with ", " like the others. */
+  getSetCookie(): string[]
+}
+
+/**
  * An answer as the data plane decides it: each runtime writes it its own way (Node to its
  * `ServerResponse`, fetch runtimes as a `Response`, see `toResponse`).
  *
@@ -19,7 +32,7 @@ export interface HeaderView {
  */
 export interface Answer {
   status: number
-  headers: Headers
+  headers: HeaderFields
   body: Uint8Array | ReadableStream<Uint8Array> | null
 }
 
@@ -30,5 +43,21 @@ export interface Answer {
  * return toResponse({ status: 204, headers: new Headers(), body: null })
  */
 export function toResponse(answer: Answer): Response {
-  return new Response(answer.body as BodyInit | null, { status: answer.status, headers: answer.headers })
+  return new Response(answer.body as BodyInit | null, { status: answer.status, headers: webHeaders(answer.headers) })
+}
+
+/**
+ * The fields as Web `Headers` (themselves when they already are), `Set-Cookie` kept apart.
+ *
+ * @example
+ * await fetch(url, { headers: webHeaders(answer.headers) })
+ */
+export function webHeaders(fields: HeaderFields): Headers {
+  if (fields instanceof Headers) return fields
+  const out = new Headers()
+  fields.forEach((value, name) => {
+    if (name !== 'set-cookie') out.append(name, value)
+  })
+  for (const cookie of fields.getSetCookie()) out.append('set-cookie', cookie)
+  return out
 }

@@ -1,4 +1,5 @@
 import { toResponse, type Answer } from './exchange.js'
+import { HeaderList } from './header-list.js'
 /**
  * Every error fencegate answers with, in one place: a stable `code`, its HTTP
  * status and a title. Clients branch on `code`; titles are for people.
@@ -131,7 +132,7 @@ export function problemResponse(err: unknown, requestId?: string): Response {
 /** The same problem+json as a plain answer, for a runtime that writes answers itself (Node's data plane). */
 export function problemAnswer(err: unknown, requestId?: string): Answer {
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
-  const headers = new Headers(problem.headers)
+  const headers = new HeaderList(Object.entries(problem.headers))
   headers.set('content-type', 'application/problem+json')
   if (requestId) headers.set('x-request-id', requestId)
   return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId))) }

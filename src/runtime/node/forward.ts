@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
 import { ForwardError, type Forward } from '../../gateway/forward.js'
+import { HeaderList } from '../../http/header-list.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 
@@ -54,10 +55,11 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
     } catch (err) {
       throw classify(err)
     }
-    const responseHeaders = new Headers()
-    for (const [name, value] of Object.entries(res.headers)) {
-      if (value === undefined) continue
-      for (const v of Array.isArray(value) ? value : [value]) responseHeaders.append(name, v)
+    const responseHeaders = new HeaderList()
+    for (const name in res.headers) {
+      const value = res.headers[name]
+      if (typeof value === 'string') responseHeaders.append(name, value)
+      else if (value !== undefined) for (const v of value) responseHeaders.append(name, v)
     }
     const empty = method === 'HEAD' || res.statusCode === 204 || res.statusCode === 304
     if (empty) res.body.resume()
