@@ -16,7 +16,7 @@ import { parseCommand, type CommandInput } from './parse-command.js'
 import { answerReservation, reserve } from './reservation.js'
 import { retryAfter, withRetryHint } from './retry-hint.js'
 import type { Route } from './route.js'
-import { logDecision, timed, type Trace } from './trace.js'
+import { logDecision, type Trace } from './trace.js'
 import { forwardUpstream } from './upstream.js'
 
 export type { PipelineDeps } from './context.js'
@@ -71,7 +71,7 @@ export function createPipeline(deps: PipelineDeps) {
       // 5. Forward to the route's upstream.
       let upstream: Answer
       try {
-        upstream = await timed(trace, 'upstreamMs', () => forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace))
+        upstream = await forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace)
       } finally {
         // The upstream has answered (or failed): the next command for this entity may go.
         if (slot) await giveSlotBack(ctx.store, ctx.log, requestId, slot)

@@ -52,11 +52,13 @@ async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace):
 }
 
 /**
- * Forwards to the route's upstream (the target path is the one that matched). A failure
- * settles the held key first: nothing sent frees it, possibly sent marks its outcome unknown.
+ * Forwards to the route's upstream (the target path is the one that matched), adding the
+ * time to the trace's `upstreamMs`. A failure settles the held key first: nothing sent
+ * frees it, possibly sent marks its outcome unknown.
  */
 export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Answer> {
   const { route, held } = o
+  const started = performance.now()
   const headers = await outgoingHeaders(ctx, o, trace)
   try {
     return await ctx.forward({ route: route.config, target: o.url.pathname + o.url.search, method: o.request.method, headers, body: o.body })
@@ -69,5 +71,7 @@ export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: 
     throw new FencegateError('upstream_unreachable', err.sent
       ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
       : 'the upstream refused or could not be reached; nothing was sent', {}, retry)
+  } finally {
+    trace.upstreamMs = (trace.upstreamMs ?? 0) + performance.now() - started
   }
 }

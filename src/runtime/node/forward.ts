@@ -91,20 +91,32 @@ function smallDeclaredLength(value: string | string[] | undefined): number | und
 /**
  * Reads a small body whole. If it breaks off (a reset, a length other than declared), the
  * client still gets what the upstream sent and then the error, as it would have streamed.
+ * Read by its events: `for await` built an async iterator and its promises per answer.
  */
-async function readSmall(body: Readable, declared: number): Promise<Uint8Array | ReadableStream<Uint8Array>> {
-  const chunks: Buffer[] = []
-  let size = 0
-  try {
-    for await (const chunk of body) {
-      chunks.push(chunk as Buffer)
-      size += (chunk as Buffer).byteLength
+function readSmall(body: Readable, declared: number): Promise<Uint8Array | ReadableStream<Uint8Array>> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = []
+    let size = 0
+    let settled = false
+    const settle = (answer: Uint8Array | ReadableStream<Uint8Array>) => {
+      if (settled) return
+      settled = true
+      body.off('data', onData)
+      resolve(answer)
     }
-  } catch (err) {
-    return brokenAfter(chunks, err as Error)
-  }
-  if (size !== declared) return brokenAfter(chunks, new Error('the upstream sent another length than it declared'))
-  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)
+    const onData = (chunk: Buffer) => {
+      chunks.push(chunk)
+      size += chunk.byteLength
+    }
+    body.on('data', onData)
+    body.once('end', () => {
+      if (size !== declared) settle(brokenAfter(chunks, new Error('the upstream sent another length than it declared')))
+      else settle(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
+    })
+    // The 'error' listener stays: an error event nobody hears would end the process.
+    body.on('error', (err) => settle(brokenAfter(chunks, err)))
+    body.once('close', () => settle(brokenAfter(chunks, new Error('the upstream closed the answer before its end'))))
+  })
 }
 
 function brokenAfter(chunks: Buffer[], err: Error): ReadableStream<Uint8Array> {

@@ -14,11 +14,13 @@ import { headerViewOf } from './inbound.js'
  */
 export function unsafeTarget(rawTarget: string | undefined): FencegateError | undefined {
   if (rawTarget === undefined) return undefined
-  const path = rawTarget.split('?')[0]!
+  const query = rawTarget.indexOf('?')
+  const path = query === -1 ? rawTarget : rawTarget.slice(0, query)
   let reason: string | undefined
   if (!rawTarget.startsWith('/')) reason = 'only origin-form request targets (/path?query) are accepted'
   else if (/\\|%2f|%5c/i.test(path)) reason = 'backslashes and encoded slashes are not accepted in paths'
-  else if (path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
+  // Split only when a segment may start with a dot: nearly every path has none.
+  else if (/(^|\/)(\.|%2e)/i.test(path) && path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
   if (!reason) return undefined
   return new FencegateError('invalid_request', reason)
 }
