@@ -214,6 +214,8 @@ describe.each(backends())('idempotency on $name', (backend) => {
     const stale = await post(capture(), '5', keyed('owner'))
     expect([stale.status, stale.json.code, stale.json.highest_fence]).toEqual([409, 'stale_fence', '6'])
     expect(upstream.received).toHaveLength(1)
+    // The stale audit names the key it came with, so an operator can find the command.
+    expect(await audit('code=stale_fence')).toMatchObject([{ idempotency_key: 'owner', presented_fence: '5', highest_fence: '6' }])
   })
 
   it('does not pass an inbound Idempotent-Replayed header on or echo it back', async () => {

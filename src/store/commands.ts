@@ -66,18 +66,17 @@ interface ReserveRow {
 }
 
 /**
- * Presents the fence and reserves the key in ONE statement, `fg_reserve`
- * (migrations/0012_reserve_function.sql): the fence is decided first (a stale
- * fence touches no key), then the key is inserted, or the existing record is
- * locked and returned. A record is taken over only when it expired, or when it
- * is an unknown outcome of the same payload on a route with
- * `on_unknown_outcome: retry`; an in-flight record whose lock expired becomes
- * `outcome_unknown`. Stale fences and reused keys are audited in the same
- * statement, so a rejection costs one round trip. As in `presentFence`, only a
- * fence above the snapshot's highest writes the fence row. A duplicate of a
- * completed key whose fence equals the entity's highest (or that has no fence)
- * is a replay that moves nothing: the function answers it with a read before
- * anything that writes, so it costs no commit flush.
+ * Presents the fence and reserves the key in ONE call, `fg_reserve`
+ * (migrations/0014_reserve_in_steps.sql), in one transaction: the lease is checked,
+ * the fence is decided by `fg_present_fence` (a stale fence touches no key), then the
+ * key is inserted, or the existing record is locked and returned. A record is taken
+ * over only when it expired, or when it is an unknown outcome of the same payload on
+ * a route with `on_unknown_outcome: retry`; an in-flight record whose lock expired
+ * becomes `outcome_unknown`. Refused leases, stale fences and reused keys are audited
+ * in the same call, so a rejection costs one round trip. A duplicate of a completed
+ * key whose fence equals the entity's highest (or that has no fence) is a replay that
+ * moves nothing: the function answers it with a read before anything that writes, so
+ * it costs no commit flush.
  */
 export async function reserve(db: Db, c: Command): Promise<Reservation> {
   if (!c.idempotency && !c.leaseJob) return presentFence(db, c)
@@ -92,7 +91,8 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
 
 /**
  * The fence alone, for commands without a key or a lease: the same decision and
- * stale audit as in `reserve`, by `fg_present_fence` (migrations/0013_present_fence_function.sql).
+ * stale audit as in `reserve`, by `fg_present_fence` (migrations/0013_present_fence_function.sql,
+ * 0014).
  * Most fenced traffic takes this path.
  *
  * A fence the function's read already shows as the highest (or below it) is decided
