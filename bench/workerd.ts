@@ -143,7 +143,7 @@ async function startNode(dir: string, config: string, databaseUrl: string, onLog
   const port = await freePort()
   const file = join(dir, 'node.yaml')
   writeFileSync(file, config)
-  const child = spawn(process.execPath, ['--max-old-space-size=1024', join(root, 'dist', 'src', 'cli', 'main.js'), 'serve', '--config', file, '--database-url', databaseUrl],
+  const child = spawn(process.execPath, ['--max-old-space-size=1024', '--max-semi-space-size=8', join(root, 'dist', 'src', 'cli', 'main.js'), 'serve', '--config', file, '--database-url', databaseUrl],
     { env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'pipe', 'inherit'] })
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
   await new Promise<void>((resolve, reject) => {
