@@ -43,6 +43,26 @@ describe('the undici forward', () => {
     expect(new TextDecoder().decode(res.body as Uint8Array)).toBe('hello')
   })
 
+  it('builds no broken stream for a small answer that ended whole (regression: its close event built one per answer)', async () => {
+    const Original = globalThis.ReadableStream
+    let built = 0
+    globalThis.ReadableStream = class extends Original<Uint8Array> {
+      constructor(...args: ConstructorParameters<typeof ReadableStream<Uint8Array>>) {
+        super(...args)
+        built++
+      }
+    } as typeof ReadableStream
+    try {
+      const res = await send('/small')
+      // The answer's 'close' comes after its 'end' on the next ticks: let those run.
+      await new Promise((resolve) => setImmediate(resolve))
+      expect(res.body).toBeInstanceOf(Uint8Array)
+      expect(built).toBe(0)
+    } finally {
+      globalThis.ReadableStream = Original
+    }
+  })
+
   it('streams an answer of undeclared length', async () => {
     const res = await send('/chunked')
     expect(res.body).toBeInstanceOf(ReadableStream)

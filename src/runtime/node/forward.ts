@@ -114,8 +114,13 @@ function readSmall(body: Readable, declared: number): Promise<Uint8Array | Reada
       else settle(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size))
     })
     // The 'error' listener stays: an error event nobody hears would end the process.
-    body.on('error', (err) => settle(brokenAfter(chunks, err)))
-    body.once('close', () => settle(brokenAfter(chunks, new Error('the upstream closed the answer before its end'))))
+    body.on('error', (err) => {
+      if (!settled) settle(brokenAfter(chunks, err))
+    })
+    // 'close' follows every 'end': build the broken stream (and its Error) only when it did not.
+    body.once('close', () => {
+      if (!settled) settle(brokenAfter(chunks, new Error('the upstream closed the answer before its end')))
+    })
   })
 }
 
