@@ -57,7 +57,7 @@ export function createPipeline(deps: PipelineDeps) {
       await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
       // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
       const body = await takeBody(ctx, request, route, trace)
-      // 4. Fence and key: parse both, resolve the entity, then reserve in one statement.
+      // 4. Fence and key: parse both, resolve the entity, then reserve in one store call.
       const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes }, trace, rules) : {}
       if (reserved.replay) {
         echoIdempotencyKey(reserved.replay.headers, request, route.config)

@@ -9,7 +9,7 @@ import { waitForOutcome } from './outcome.js'
 import { inProgressRetryMs, retryAfter } from './retry-hint.js'
 import { timed, type Trace } from './trace.js'
 
-/** Presents the command to the store in one statement; a fence it accepts is written as the entity's highest. */
+/** Presents the command to the store in one call (one round trip, one transaction); a fence it accepts is written as the entity's highest. */
 export async function reserve(ctx: Pick<PipelineContext, 'store' | 'metrics'>, command: Command, trace: Trace): Promise<Reservation> {
   const r = await timed(trace, 'storeMs', () => ctx.store.reserve(command))
   if (command.fence !== null && r.kind !== 'stale' && r.kind !== 'lease_expired') ctx.metrics.highestFenceUpdated({ route: command.route })

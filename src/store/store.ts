@@ -31,7 +31,7 @@ export type { Held, KeyState } from './keys.js'
  * statement with the other completions of the same scheduled turn.
  */
 export interface Store {
-  /** Presents the fence and reserves the idempotency key, in one statement (see commands.ts). */
+  /** Presents the fence and reserves the idempotency key, in one call and one transaction (see commands.ts). */
   reserve(command: Command): Promise<Reservation>
   /** Stores a response for replay; completions of one scheduled turn share a statement (see completions.ts). */
   complete(held: Held, outcome: Completion): Promise<boolean>
