@@ -3,9 +3,9 @@ import { requireScopes } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
-import type { Command, Held, SlotRequest as Slot } from '../store/store.js'
+import type { Command, Held, IdempotencyClaim, SlotRequest as Slot } from '../store/store.js'
 import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
-import { audited } from './audited.js'
+import { audited, auditRejection } from './audited.js'
 import { entityOf, entitySources, leaseJobOf } from './command.js'
 import { contextOf, type PipelineContext, type PipelineDeps } from './context.js'
 import { clientResponseHeaders } from './forward.js'
@@ -54,7 +54,7 @@ export function createPipeline(deps: PipelineDeps) {
       const { route, params, rules } = matchRoute(ctx, request, url, trace)
       // 2. Identity: the tenant comes from the verified token, never from the request.
       trace.identity = await ctx.authenticate(request)
-      await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
+      if (route.config.scopes.length > 0) await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
       // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
       const body = await takeBody(ctx, request, route, trace)
       // 4. Fence and key: parse both, resolve the entity, then reserve in one store call.
@@ -67,7 +67,7 @@ export function createPipeline(deps: PipelineDeps) {
       }
       const held = reserved.held
       // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
-      const slot = await takeDeliverySlot(ctx, trace, held)
+      const slot = trace.ordering === 'serialize' ? await takeDeliverySlot(ctx, trace, held) : undefined
       // 5. Forward to the route's upstream.
       let upstream: Answer
       try {
@@ -94,6 +94,8 @@ function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Tra
   return { ...match, rules }
 }
 
+const notExceeded = () => false
+
 async function takeBody(ctx: PipelineContext, request: Inbound, route: Route, trace: Trace): Promise<HeldBody> {
   const rc = route.config
   const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
@@ -101,17 +103,26 @@ async function takeBody(ctx: PipelineContext, request: Inbound, route: Route, tr
     const passed = await request.passBody(ctx.bodyLimit)
     return { bytes: undefined, body: passed.body, exceeded: passed.exceeded }
   }
-  const bytes = await audited(ctx, trace, async () => {
-    const read = await request.readBody(ctx.bodyLimit)
-    trace.bodySha256 = await ctx.digest(read)
-    return read
-  })
-  return { bytes, body: bytes, exceeded: () => false }
+  let bytes: Uint8Array
+  try {
+    bytes = await request.readBody(ctx.bodyLimit)
+    trace.bodySha256 = await ctx.digest(bytes)
+  } catch (err) {
+    await auditRejection(ctx, trace, err)
+    throw err
+  }
+  return { bytes, body: bytes, exceeded: notExceeded }
 }
 
 /** Parses and reserves a checked command: a replay to answer at once, or the key now held (if any). */
 async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: Trace, rules: RuleSet): Promise<{ replay?: Answer; held?: Held }> {
-  const claim = await audited(ctx, trace, () => parseCommand(ctx, input, trace, rules))
+  let claim: IdempotencyClaim | null
+  try {
+    claim = await parseCommand(ctx, input, trace, rules)
+  } catch (err) {
+    await auditRejection(ctx, trace, err)
+    throw err
+  }
   if (trace.fence === undefined && !claim) return {}
   const rc = trace.route!.config
   const identity = trace.identity!

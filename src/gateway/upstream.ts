@@ -23,8 +23,8 @@ export interface Outgoing {
   held: Held | undefined
 }
 
-/** The headers the upstream gets: filtered, the route's own, the decision headers as read, and the attestation last. */
-async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<HeaderList> {
+/** The headers the upstream gets: filtered, the route's own, the decision headers as read; no attestation yet. */
+function outgoingHeaders(o: Outgoing, trace: Trace): HeaderList {
   const { request, route } = o
   const headers = upstreamRequestHeaders(request.headers)
   headers.set('x-request-id', trace.requestId)
@@ -39,16 +39,18 @@ async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace):
   }
   // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
   headers.delete(attestationHeader)
-  if (route.config.attest && trace.fence !== undefined) {
-    try {
-      headers.set(attestationHeader, await attestCommand(ctx.attest, trace, o.url, route.config))
-    } catch (err) {
-      // Nothing was sent: the key is free for the next attempt.
-      if (o.held) await logged(ctx.log, trace.requestId, 'release', () => ctx.store.release(o.held!))
-      throw err
-    }
-  }
   return headers
+}
+
+/** Signs a fenced command for a route with `attest` (the only step here that awaits). */
+async function attest(ctx: PipelineContext, o: Outgoing, trace: Trace, headers: HeaderList): Promise<void> {
+  try {
+    headers.set(attestationHeader, await attestCommand(ctx.attest, trace, o.url, o.route.config))
+  } catch (err) {
+    // Nothing was sent: the key is free for the next attempt.
+    if (o.held) await logged(ctx.log, trace.requestId, 'release', () => ctx.store.release(o.held!))
+    throw err
+  }
 }
 
 /**
@@ -59,7 +61,8 @@ async function outgoingHeaders(ctx: PipelineContext, o: Outgoing, trace: Trace):
 export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: Trace): Promise<Answer> {
   const { route, held } = o
   const started = performance.now()
-  const headers = await outgoingHeaders(ctx, o, trace)
+  const headers = outgoingHeaders(o, trace)
+  if (route.config.attest && trace.fence !== undefined) await attest(ctx, o, trace, headers)
   try {
     return await ctx.forward({ route: route.config, target: o.url.pathname + o.url.search, method: o.request.method, headers, body: o.body })
   } catch (err) {
