@@ -7,17 +7,16 @@ import { staleFenceError } from './fence.js'
 import { replayAnswer } from './idempotency.js'
 import { waitForOutcome } from './outcome.js'
 import { inProgressRetryMs, retryAfter } from './retry-hint.js'
-import type { Trace } from './trace.js'
+import { addElapsed, type Trace } from './trace.js'
 
 /** Presents the command to the store in one call (one round trip, one transaction); a fence it accepts is written as the entity's highest. */
 export async function reserve(ctx: Pick<PipelineContext, 'store' | 'metrics'>, command: Command, trace: Trace): Promise<Reservation> {
-  // Timed in place: `timed` would cost a closure and an async frame on every command.
   const started = performance.now()
   let r: Reservation
   try {
     r = await ctx.store.reserve(command)
   } finally {
-    trace.storeMs = (trace.storeMs ?? 0) + performance.now() - started
+    addElapsed(trace, 'storeMs', started)
   }
   if (command.fence !== null && r.kind !== 'stale' && r.kind !== 'lease_expired') ctx.metrics.highestFenceUpdated({ route: command.route })
   return r

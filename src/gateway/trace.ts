@@ -32,8 +32,21 @@ export async function timed<T>(trace: Trace, into: 'storeMs' | 'upstreamMs', ste
   try {
     return await step()
   } finally {
-    trace[into] = (trace[into] ?? 0) + performance.now() - started
+    addElapsed(trace, into, started)
   }
+}
+
+/**
+ * Adds the time since `started` (a `performance.now()`) to the trace's store or upstream time:
+ * what `timed` does, for a hot step that times itself in a `finally` rather than pay its
+ * closure and async frame on every command.
+ *
+ * @example
+ * const started = performance.now()
+ * try { r = await ctx.store.reserve(command) } finally { addElapsed(trace, 'storeMs', started) }
+ */
+export function addElapsed(trace: Trace, into: 'storeMs' | 'upstreamMs', started: number): void {
+  trace[into] = (trace[into] ?? 0) + performance.now() - started
 }
 
 function roundMs(ms: number | undefined): number | undefined {

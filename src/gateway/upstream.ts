@@ -10,7 +10,7 @@ import { ForwardError, upstreamRequestHeaders } from './forward.js'
 import { logged } from './outcome.js'
 import { forwardFailureRetry } from './retry-hint.js'
 import type { Route } from './route.js'
-import type { Trace } from './trace.js'
+import { addElapsed, type Trace } from './trace.js'
 
 /** What goes upstream: the request, its body (buffered or streaming) and the key held for it, if any. */
 export interface Outgoing {
@@ -75,6 +75,6 @@ export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: 
       ? 'the connection to the upstream failed after the request was sent; its outcome is unknown'
       : 'the upstream refused or could not be reached; nothing was sent', {}, retry)
   } finally {
-    trace.upstreamMs = (trace.upstreamMs ?? 0) + performance.now() - started
+    addElapsed(trace, 'upstreamMs', started)
   }
 }
