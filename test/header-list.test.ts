@@ -56,8 +56,12 @@ describe('HeaderList reads as Web Headers do', () => {
     expect(web.get('x-c')).toBe('1')
   })
 
-  it('leaves Web Headers as they are', () => {
+  it('copies Web Headers, so that editing the copy leaves the original as it was', () => {
     const web = new Headers({ a: '1' })
-    expect(webHeaders(web)).toBe(web)
+    const copy = webHeaders(web)
+    expect(copy).not.toBe(web)
+    expect([...copy.entries()]).toEqual([['a', '1']])
+    copy.set('a', '2')
+    expect(web.get('a')).toBe('1')
   })
 })

@@ -47,13 +47,14 @@ export function toResponse(answer: Answer): Response {
 }
 
 /**
- * The fields as Web `Headers` (themselves when they already are), `Set-Cookie` kept apart.
+ * The fields as new Web `Headers`, `Set-Cookie` kept apart: a copy the caller may edit
+ * (the fetch forward adds its own fields to it).
  *
  * @example
  * await fetch(url, { headers: webHeaders(answer.headers) })
  */
 export function webHeaders(fields: HeaderFields): Headers {
-  if (fields instanceof Headers) return fields
+  if (fields instanceof Headers) return new Headers(fields)
   const out = new Headers()
   fields.forEach((value, name) => {
     if (name !== 'set-cookie') out.append(name, value)

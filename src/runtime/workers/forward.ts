@@ -51,7 +51,7 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
     // Web inbounds pass bytes or a Web stream; an async iterable of chunks is Node's alone.
     if (given !== null && !(given instanceof Uint8Array) && !(given instanceof ReadableStream)) throw new TypeError('the fetch forward sends bytes or a ReadableStream')
     let body: Uint8Array | ReadableStream<Uint8Array> | null = given
-    const outgoing = new Headers(webHeaders(headers))
+    const outgoing = webHeaders(headers)
     outgoing.set('accept-encoding', offered)
     // The gateway's own server already answered any 100-continue; undici's fetch refuses the header.
     outgoing.delete('expect')
