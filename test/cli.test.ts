@@ -30,7 +30,7 @@ describe('fencegate CLI', () => {
     expect(out).toContain('usage: fencegate <command>')
   })
 
-  it('runs as npx fencegate with a 1 GB heap maximum and no flags of the caller (its #! line)', async () => {
+  it('runs as npx fencegate with a 1 GB heap maximum, 8 MiB semi-spaces and no flags of the caller (its #! line)', async () => {
     const { execFile } = await import('node:child_process')
     const { writeFileSync } = await import('node:fs')
     // Loaded by NODE_OPTIONS into every Node process, npx's own included; in fencegate's it reports the heap limit and exits.
@@ -42,9 +42,19 @@ describe('fencegate CLI', () => {
         (err, stdout) => (err ? reject(err) : resolve(stdout)))
     })
     const limitMiB = Number(out) / 2 ** 20
-    // 1024 MiB of old generation plus the young generation's share; without the flag it is about 4 GiB here.
-    expect(limitMiB).toBeGreaterThanOrEqual(1024)
-    expect(limitMiB).toBeLessThan(1200)
+    // 1024 MiB of old generation plus the young generation's three semi-spaces' worth (V8 on
+    // Node 20): 1048 with 8 MiB semi-spaces, 1072 with the default 16; about 4 GiB with no flags.
+    expect(limitMiB).toBe(1024 + 3 * 8)
+  })
+
+  it('npm start runs Node with the same heap flags as the bin', async () => {
+    const { readFileSync } = await import('node:fs')
+    const root = join(import.meta.dirname, '..')
+    const shebang = readFileSync(join(root, 'src', 'cli', 'main.ts'), 'utf8').split('\n')[0]!
+    const flags = shebang.replace('#!/usr/bin/env -S node ', '').split(' ')
+    expect(flags).toEqual(['--max-old-space-size=1024', '--max-semi-space-size=8'])
+    const start = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).scripts.start as string
+    expect(start).toBe(`node ${flags.join(' ')} dist/scripts/start.js`)
   })
 
   it('exits 2 with the usage on an unknown command or flag', async () => {
