@@ -11,7 +11,10 @@ import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const tempDir = () => mkdtempSync(join(tmpdir(), 'fencegate-cli-'))
 
-describe('fencegate CLI', () => {
+// Each CLI run is a new Node process that compiles PGlite and opens (or creates) its data
+// directory: 3–12 s apiece on a 2-core host running three test files at once, and one test
+// below runs six of them. The claims are the exit codes and outputs, not the time they take.
+describe('fencegate CLI', { timeout: 180_000 }, () => {
   it('describes every command and flag', async () => {
     const top = await runCli(['--help'])
     expect(top.code).toBe(0)

@@ -22,6 +22,12 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
     const config = writeConfig({
       server: { port: 0, admin_port: 0 },
       log: { level: 'info' },
+      // This test is about the fence order across processes, not about opening connections:
+      // the production defaults (20 connections, 1 s to open one) made its two gateways open
+      // 40 connections at once to the PostgreSQL the other test files share, and a refused or
+      // slow open is (rightly) a 503 that says nothing about the order. 8 each still runs
+      // 16 statements in parallel.
+      store: { max_connections: 8, connect_timeout: '10s' },
       routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: upstream.url, entity: 'invoice:{params.invoice_id}' }],
     })
     const args = ['--config', config, '--database-url', t.url!]
@@ -40,6 +46,8 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
       const res = await post(`${gateways[i % 2]!.dataUrl}/payments/7/capture`, String(fence), { headers: { 'x-request-id': requestId } })
       return { requestId, fence, status: res.status, body: res.json }
     }))
+    // A store failure would show here with its SQLSTATE (53300: the server had no connection slot left).
+    expect(gateways.flatMap((g) => g.lines.filter((l) => l.includes('"event":"store_failed"')))).toEqual([])
     const forwarded = upstream.received.map((r) => Number(r.headers['x-execution-fence']))
     const entity = await t.store.getEntity('default', 'invoice:7')
     await checkFenceOrder(t.db, outcomes, forwarded, entity!.highest_fence)
