@@ -60,7 +60,9 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
   })
 })
 
-describe('starting gateway processes together', () => {
+// Each gateway here is a new Node process starting PGlite: up to 18 s apiece on a loaded
+// 2-core host, and one test starts three in a row.
+describe('starting gateway processes together', { timeout: 180_000 }, () => {
   it('a gateway that fails to start does not leave the one started beside it running', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencegate-siblings-'))
     const config = writeConfig({
