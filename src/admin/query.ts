@@ -3,7 +3,8 @@ import { parseDuration } from '../config/units.js'
 import { maxFence, parseFence } from '../gateway/fence.js'
 import type { Identity } from '../http/identity.js'
 import { maxEntityLength } from '../gateway/route.js'
-import { FencegateError } from '../http/problems.js'
+import { FencegateError, storeUnavailable } from '../http/problems.js'
+import { StoreError } from '../store/db.js'
 import type { AuditFilter, AuditItem, AuditQuery, Store } from '../store/store.js'
 
 /**
@@ -31,13 +32,13 @@ export function tenantFor(identity: Identity, requested: string | undefined, aud
   throw new FencegateError('insufficient_scope', `this endpoint requires the ${auditOnly ? `${adminScope} or ${auditScope}` : adminScope} scope`)
 }
 
-/** Runs a store read; a failing store is a 503 problem, never a 500. */
+/** Runs a store call; a failing store is a retryable 503 problem, never a 500 (and a bug stays an internal_error). */
 export async function storeCall<T>(call: () => Promise<T>): Promise<T> {
   try {
     return await call()
   } catch (err) {
-    if (err instanceof FencegateError) throw err
-    throw new FencegateError('store_unavailable', 'the store could not be read')
+    if (err instanceof StoreError) throw storeUnavailable('the store could not be read or written; nothing was changed')
+    throw err
   }
 }
 

@@ -11,9 +11,8 @@ import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
 import { createPipeline } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
-import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
+import { FencegateError, problemAnswer, problemResponse, storeUnavailable } from '../http/problems.js'
 import { webInbound, type Inbound } from '../http/inbound.js'
-import { retryAfter } from './retry-hint.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
 import type { Store } from '../store/store.js'
@@ -116,7 +115,7 @@ function jobsProblem(err: unknown, requestId: string, log: Logger): Answer {
   if (err instanceof FencegateError) return problemAnswer(err, requestId)
   if (err instanceof StoreError) {
     log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
-    return problemAnswer(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed', {}, retryAfter(1000)), requestId)
+    return problemAnswer(storeUnavailable('the store could not be reached; nothing was changed'), requestId)
   }
   log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
   return problemAnswer(new FencegateError('internal_error'), requestId)

@@ -1,6 +1,6 @@
 import type { Answer } from '../http/exchange.js'
 import { requireScopes } from '../http/identity.js'
-import { FencegateError } from '../http/problems.js'
+import { FencegateError, storeUnavailable } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
 import type { Command, Held, IdempotencyClaim, SlotRequest as Slot } from '../store/store.js'
@@ -14,7 +14,7 @@ import { giveSlotBack, takeSlot } from './ordering.js'
 import { logged, settleResponse } from './outcome.js'
 import { parseCommand, type CommandInput } from './parse-command.js'
 import { answerReservation, reserve } from './reservation.js'
-import { retryAfter, withRetryHint } from './retry-hint.js'
+import { withRetryHint } from './retry-hint.js'
 import type { Route } from './route.js'
 import { logDecision, type Trace } from './trace.js'
 import { forwardUpstream } from './upstream.js'
@@ -174,6 +174,6 @@ function rejected(ctx: PipelineContext, err: unknown, request: Inbound, trace: T
 
 function toProblem(err: unknown): FencegateError {
   if (err instanceof FencegateError) return err
-  if (err instanceof StoreError) return new FencegateError('store_unavailable', 'the store could not record this command, so it was not forwarded', {}, retryAfter(1000))
+  if (err instanceof StoreError) return storeUnavailable('the store could not record this command, so it was not forwarded')
   return new FencegateError('internal_error', 'an unexpected error occurred')
 }

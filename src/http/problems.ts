@@ -74,6 +74,18 @@ export class FencegateError extends Error {
 }
 
 /**
+ * The one shape of a store failure: `503 store_unavailable` with `Retry-After: 1`, since the
+ * store being down or out of connections is transient and the request changed nothing.
+ * `detail` says what did not happen; it never carries the driver's message.
+ *
+ * @example
+ * if (err instanceof StoreError) throw storeUnavailable('the store could not be read')
+ */
+export function storeUnavailable(detail: string): FencegateError {
+  return new FencegateError('store_unavailable', detail, {}, { 'retry-after': '1' })
+}
+
+/**
  * The `error.type` of the envelope that Stripe, OpenAI and many other APIs
  * answer with. Stripe's SDKs read it: `idempotency_error` is about the key,
  * `api_error` is the server's side (every 5xx), `invalid_request_error` is

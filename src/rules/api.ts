@@ -1,7 +1,7 @@
 import { Hono } from 'hono'
 import { z } from 'zod'
 import type { Identity } from '../http/identity.js'
-import { FencegateError } from '../http/problems.js'
+import { FencegateError, storeUnavailable } from '../http/problems.js'
 import type { RuleRegistry } from './registry.js'
 import { RuleError, type RawRule } from './schema.js'
 import { ruleHistory } from './store.js'
@@ -114,7 +114,7 @@ async function change<T>(run: () => Promise<T>): Promise<T> {
     return await run()
   } catch (err) {
     if (err instanceof RuleError) throw new FencegateError('invalid_rule', err.problems.join('; '), { problems: err.problems })
-    if (err instanceof StoreError) throw new FencegateError('store_unavailable', 'the rules could not be read or written; nothing was changed')
+    if (err instanceof StoreError) throw storeUnavailable('the rules could not be read or written; nothing was changed')
     throw err
   }
 }

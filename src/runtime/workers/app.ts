@@ -5,7 +5,7 @@ import { ConfigError, type Config } from '../../config/schema.js'
 import { createAuthenticator, type Authenticate } from '../../http/identity.js'
 import { createJobStore } from '../../leases/store.js'
 import { createLogger, type Logger } from '../../observe/log.js'
-import { FencegateError, problemResponse } from '../../http/problems.js'
+import { FencegateError, problemResponse, storeUnavailable } from '../../http/problems.js'
 import { storeCode, StoreError } from '../../store/db.js'
 import { createStore } from '../../store/store.js'
 import { configFromText, databaseUrlOf, stringBindings, workerAttestationSigner, workerKeys, type WorkerContext, type WorkerEnv } from './bindings.js'
@@ -109,7 +109,7 @@ async function route(request: Request, scope: RequestScope, o: RouteDeps): Promi
     if (!(err instanceof StoreError)) throw err
     const requestId = requestIdOf(request)
     o.log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
-    return problemResponse(new FencegateError('store_unavailable', 'the store could not be reached; nothing was changed'), requestId)
+    return problemResponse(storeUnavailable('the store could not be reached; nothing was changed'), requestId)
   }
 }
 
