@@ -9,12 +9,11 @@ import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
-import { createPipeline } from './pipeline.js'
+import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
-import { FencegateError, problemAnswer, problemResponse, storeUnavailable } from '../http/problems.js'
+import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
 import { webInbound, type Inbound } from '../http/inbound.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
-import { StoreError, storeCode } from '../store/db.js'
 import type { Store } from '../store/store.js'
 
 /** What the data plane is built from; every part is injected so each runtime wires its own. */
@@ -87,7 +86,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
     try {
       answer = await jobsApi(request, requestId)
     } catch (err) {
-      return jobsProblem(err, requestId, log)
+      return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId)
     }
     return answer ?? command(request, requestId)
   }
@@ -110,13 +109,4 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   return { app, handle }
 }
 
-/** A job API failure as its problem: the store's are retryable and change nothing. */
-function jobsProblem(err: unknown, requestId: string, log: Logger): Answer {
-  if (err instanceof FencegateError) return problemAnswer(err, requestId)
-  if (err instanceof StoreError) {
-    log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
-    return problemAnswer(storeUnavailable('the store could not be reached; nothing was changed'), requestId)
-  }
-  log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
-  return problemAnswer(new FencegateError('internal_error'), requestId)
-}
+

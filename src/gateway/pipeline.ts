@@ -1,4 +1,5 @@
 import type { Answer } from '../http/exchange.js'
+import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
 import { FencegateError, storeUnavailable } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
@@ -164,16 +165,24 @@ async function respond(ctx: PipelineContext, request: Inbound, upstream: Answer,
 
 /** The problem a failure becomes, logged and counted: store failures fail closed as 503; anything unexpected is an internal error. */
 function rejected(ctx: PipelineContext, err: unknown, request: Inbound, trace: Trace, started: number): FencegateError {
-  const problem = withRetryHint(toProblem(err), trace.route?.config)
+  const problem = withRetryHint(failureProblem(err, ctx.log, trace.requestId, 'the store could not record this command, so it was not forwarded'), trace.route?.config)
   if (trace.route) echoIdempotencyKey(problem.headers, request, trace.route.config)
-  if (problem.code === 'internal_error') ctx.log.error('internal_error', { request_id: trace.requestId, error: (err as Error)?.name ?? typeof err })
-  if (err instanceof StoreError) ctx.log.error('store_failed', { request_id: trace.requestId, store_code: storeCode(err) })
   logDecision(ctx, trace, 'rejected', problem.status, started, problem.code)
   return problem
 }
 
-function toProblem(err: unknown): FencegateError {
-  if (err instanceof FencegateError) return err
-  if (err instanceof StoreError) return storeUnavailable('the store could not record this command, so it was not forwarded')
-  return new FencegateError('internal_error', 'an unexpected error occurred')
+/**
+ * What the data plane (commands and the job API) answers for a failure, logged by identifiers
+ * only: a refusal as it is, a store failure as a retryable 503 saying `storeDetail`, anything
+ * else as an internal error.
+ */
+export function failureProblem(err: unknown, log: Logger, requestId: string, storeDetail: string): FencegateError {
+  if (err instanceof StoreError) {
+    log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
+    return storeUnavailable(storeDetail)
+  }
+  const problem = err instanceof FencegateError ? err : new FencegateError('internal_error', 'an unexpected error occurred')
+  // A bug, or a state validation should have excluded (an attestation without a key).
+  if (problem.code === 'internal_error') log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })
+  return problem
 }
