@@ -1,5 +1,6 @@
 import postgres from 'postgres'
 import { passThrough, StoreError, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
+import { createSlotWait, noSlotLeft, type SlotWait } from './slots.js'
 
 export interface PostgresOptions {
   /** Pool size; the default suits one gateway process. */
@@ -166,13 +167,14 @@ type FailedOn = (client: postgres.Sql, err: StoreError) => void
 
 /** The Db on whichever client is current; every failure is reported with the client it ran on. */
 function pooled(current: () => postgres.Sql, failedOn: FailedOn, gate: Gate = (run) => run()): Db {
+  const slots = createSlotWait()
   const lost = (client: postgres.Sql) => (err: unknown) => {
     if (err instanceof StoreError) failedOn(client, err)
     throw err
   }
   return {
     kind: 'postgres',
-    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, failedOn, strings, values)),
+    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, failedOn, slots, strings, values)),
     exec: (script) => gate(() => {
       const client = current()
       return client.unsafe(script).then(() => undefined, (err: unknown) => lost(client)(toStoreError(err)))
@@ -180,7 +182,10 @@ function pooled(current: () => postgres.Sql, failedOn: FailedOn, gate: Gate = (r
     begin: (fn) => gate(() => {
       const client = current()
       // Statements inside run on the transaction's own connection, outside the gate.
-      return passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>).catch(lost(client))
+      // A transaction holds a connection too: its end frees one for a statement waiting for a slot.
+      slots.started()
+      return passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>)
+        .finally(() => slots.settled()).catch(lost(client))
     }),
     close: async () => {},
   }
@@ -206,18 +211,35 @@ function inTransaction(tx: postgres.TransactionSql): Db {
 /**
  * One statement on the current client. A statement that lost its connection retires that
  * client; one that provably never reached a server is retried once, on the client current then.
+ * One refused a slot for a new connection (53300) waits for a connection the pool has
+ * (src/store/slots.ts) while other statements run to free one, for at most the client's
+ * connect timeout: a pool with no live connection fails as late as an unreachable server does.
  */
-async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
+async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotWait, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
   const params = toParams(values) as never[]
-  for (let attempt = 0; ; attempt++) {
+  let retried = false
+  let waitUntil: number | undefined
+  for (;;) {
     const client = current()
     const query = client(strings, ...params)
+    slots.started()
     try {
-      return (await query) as unknown as T[]
+      const rows = (await query) as unknown as T[]
+      slots.settled()
+      return rows
     } catch (raw) {
+      slots.settled()
       const err = toStoreError(raw)
       failedOn(client, err)
-      if (attempt > 0 || !failedBeforeSending(query)) throw err
+      if (!failedBeforeSending(query)) throw err
+      waitUntil ??= performance.now() + client.options.connect_timeout * 1000
+      if (err.sqlstate === noSlotLeft && slots.othersRunning() && performance.now() < waitUntil) {
+        await slots.nextFree()
+      } else if (retried) {
+        throw err
+      } else {
+        retried = true
+      }
     }
   }
 }

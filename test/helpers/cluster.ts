@@ -54,14 +54,14 @@ export async function freePort(): Promise<number> {
   })
 }
 
-/** Creates and starts a cluster; durable commits, as in production. */
-export async function startCluster(bin: string): Promise<Cluster> {
+/** Creates and starts a cluster; durable commits, as in production. `maxConnections` is the server's `max_connections` (100). */
+export async function startCluster(bin: string, options: { maxConnections?: number } = {}): Promise<Cluster> {
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-cluster-'))
   chmodSync(dir, 0o777)
   const data = join(dir, 'data')
   const port = await freePort()
   run(join(bin, 'initdb'), ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-instructions'])
-  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=100 -c fsync=on`
+  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=${options.maxConnections ?? 100} -c fsync=on`
   const start = () => run(join(bin, 'pg_ctl'), ['-D', data, '-o', opts, '-l', join(dir, 'log'), '-w', '-t', '30', 'start'])
   start()
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
