@@ -108,5 +108,3 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   })
   return { app, handle }
 }
-
-

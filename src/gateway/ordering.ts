@@ -1,6 +1,6 @@
 import { staleFenceError } from './fence.js'
 import type { Logger } from '../observe/log.js'
-import { FencegateError } from '../http/problems.js'
+import { FencegateError, retryAfter } from '../http/problems.js'
 import { storeCode } from '../store/db.js'
 import type { SlotRequest, Store } from '../store/store.js'
 
@@ -24,8 +24,7 @@ export async function takeSlot(store: Store, slot: SlotRequest, waitMs: number):
     if (decision.kind === 'stale') throw staleFenceError(slot.entity, slot.fence, decision.highest)
     const left = deadline - performance.now()
     if (left <= 0) {
-      const seconds = Math.max(1, Math.ceil(decision.retryAfterMs / 1000))
-      throw new FencegateError('entity_busy', `another command for ${slot.entity} is still being delivered; this one waited ${waitMs} ms`, { entity: slot.entity }, { 'retry-after': String(seconds) })
+      throw new FencegateError('entity_busy', `another command for ${slot.entity} is still being delivered; this one waited ${waitMs} ms`, { entity: slot.entity }, retryAfter(decision.retryAfterMs))
     }
     await new Promise((resolve) => setTimeout(resolve, Math.min(pause, left)))
   }

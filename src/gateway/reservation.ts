@@ -1,12 +1,12 @@
 import type { Answer } from '../http/exchange.js'
 import { idempotencyWaitOf } from '../config/schema.js'
-import { FencegateError } from '../http/problems.js'
+import { FencegateError, retryAfter } from '../http/problems.js'
 import type { Command, Reservation } from '../store/store.js'
 import type { PipelineContext } from './context.js'
 import { staleFenceError } from './fence.js'
 import { replayAnswer } from './idempotency.js'
 import { waitForOutcome } from './outcome.js'
-import { inProgressRetryMs, retryAfter } from './retry-hint.js'
+import { inProgressRetryMs } from './retry-hint.js'
 import { addElapsed, type Trace } from './trace.js'
 
 /** Presents the command to the store in one call (one round trip, one transaction); a fence it accepts is written as the entity's highest. */

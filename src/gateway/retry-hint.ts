@@ -1,5 +1,5 @@
 import type { RouteConfig } from '../config/schema.js'
-import type { FencegateError } from '../http/problems.js'
+import { retryAfter, type FencegateError } from '../http/problems.js'
 
 /**
  * Whether a retry can help, said the same way on every refusal: a transient
@@ -8,11 +8,6 @@ import type { FencegateError } from '../http/problems.js'
  * `Stripe-Should-Retry`) as `true` or `false`, for SDKs that ignore
  * `Retry-After` and retry every 409 and 5xx unless told not to.
  */
-
-/** Headers that mark a problem transient: retry after `ms`, rounded up to whole seconds, at least 1. */
-export function retryAfter(ms: number): Record<string, string> {
-  return { 'retry-after': String(Math.max(1, Math.ceil(ms / 1000))) }
-}
 
 /** True when the problem says a retry can help (it carries `Retry-After`). */
 export function isTransient(problem: FencegateError): boolean {

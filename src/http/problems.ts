@@ -74,6 +74,16 @@ export class FencegateError extends Error {
 }
 
 /**
+ * Headers that mark a problem transient: retry after `ms`, rounded up to whole seconds, at least 1.
+ *
+ * @example
+ * throw new FencegateError('entity_busy', detail, {}, retryAfter(1500)) // Retry-After: 2
+ */
+export function retryAfter(ms: number): Record<string, string> {
+  return { 'retry-after': String(Math.max(1, Math.ceil(ms / 1000))) }
+}
+
+/**
  * The one shape of a store failure: `503 store_unavailable` with `Retry-After: 1`, since the
  * store being down or out of connections is transient and the request changed nothing.
  * `detail` says what did not happen; it never carries the driver's message.
@@ -82,7 +92,7 @@ export class FencegateError extends Error {
  * if (err instanceof StoreError) throw storeUnavailable('the store could not be read')
  */
 export function storeUnavailable(detail: string): FencegateError {
-  return new FencegateError('store_unavailable', detail, {}, { 'retry-after': '1' })
+  return new FencegateError('store_unavailable', detail, {}, retryAfter(1000))
 }
 
 /**

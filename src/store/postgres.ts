@@ -232,8 +232,7 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       const err = toStoreError(raw)
       failedOn(client, err)
       if (!failedBeforeSending(query)) throw err
-      waitUntil ??= performance.now() + client.options.connect_timeout * 1000
-      if (err.sqlstate === noSlotLeft && slots.othersRunning() && performance.now() < waitUntil) {
+      if (err.sqlstate === noSlotLeft && slots.othersRunning() && performance.now() < (waitUntil ??= performance.now() + client.options.connect_timeout * 1000)) {
         await slots.nextFree()
       } else if (retried) {
         throw err

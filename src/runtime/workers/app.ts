@@ -1,12 +1,13 @@
 import { createAdminApp } from '../../admin/app.js'
 import type { AttestationSigner } from '../../gateway/attest.js'
 import { createApp, requestIdOf } from '../../gateway/app.js'
+import { failureProblem } from '../../gateway/pipeline.js'
 import { ConfigError, type Config } from '../../config/schema.js'
 import { createAuthenticator, type Authenticate } from '../../http/identity.js'
 import { createJobStore } from '../../leases/store.js'
 import { createLogger, type Logger } from '../../observe/log.js'
-import { FencegateError, problemResponse, storeUnavailable } from '../../http/problems.js'
-import { storeCode, StoreError } from '../../store/db.js'
+import { FencegateError, problemResponse } from '../../http/problems.js'
+import { StoreError } from '../../store/db.js'
 import { createStore } from '../../store/store.js'
 import { configFromText, databaseUrlOf, stringBindings, workerAttestationSigner, workerKeys, type WorkerContext, type WorkerEnv } from './bindings.js'
 import { connectWorkersPostgres } from './db.js'
@@ -108,8 +109,7 @@ async function route(request: Request, scope: RequestScope, o: RouteDeps): Promi
     // Reading the rules failed: nothing was judged or forwarded, as for any other store failure.
     if (!(err instanceof StoreError)) throw err
     const requestId = requestIdOf(request)
-    o.log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
-    return problemResponse(storeUnavailable('the store could not be reached; nothing was changed'), requestId)
+    return problemResponse(failureProblem(err, o.log, requestId, 'the store could not be reached; nothing was changed'), requestId)
   }
 }
 
