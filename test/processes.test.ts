@@ -22,12 +22,6 @@ describe.skipIf(!postgres)('two gateway processes on one PostgreSQL', () => {
     const config = writeConfig({
       server: { port: 0, admin_port: 0 },
       log: { level: 'info' },
-      // This test is about the fence order across processes, not about opening connections:
-      // the production defaults (20 connections, 1 s to open one) made its two gateways open
-      // 40 connections at once to the PostgreSQL the other test files share, and a refused or
-      // slow open is (rightly) a 503 that says nothing about the order. 8 each still runs
-      // 16 statements in parallel.
-      store: { max_connections: 8, connect_timeout: '10s' },
       routes: [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream: upstream.url, entity: 'invoice:{params.invoice_id}' }],
     })
     const args = ['--config', config, '--database-url', t.url!]

@@ -1,6 +1,6 @@
 import postgres from 'postgres'
 import { passThrough, StoreError, toParams, storeUnlisten, toStoreError, type Db, type SqlValue } from './db.js'
-import { createSlotWait, noSlotLeft, type SlotWait } from './slots.js'
+import { createSlotWait, noSlotLeft, slotDeadline, type SlotWait } from './slots.js'
 
 export interface PostgresOptions {
   /** Pool size; the default suits one gateway process. */
@@ -185,7 +185,7 @@ function pooled(current: () => postgres.Sql, failedOn: FailedOn, gate: Gate = (r
       // A transaction holds a connection too: its end frees one for a statement waiting for a slot.
       slots.started()
       return passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>)
-        .finally(() => slots.settled()).catch(lost(client))
+        .finally(() => slots.settled(true)).catch(lost(client))
     }),
     close: async () => {},
   }
@@ -212,27 +212,29 @@ function inTransaction(tx: postgres.TransactionSql): Db {
  * One statement on the current client. A statement that lost its connection retires that
  * client; one that provably never reached a server is retried once, on the client current then.
  * One refused a slot for a new connection (53300) waits for a connection the pool has
- * (src/store/slots.ts) while other statements run to free one, for at most the client's
- * connect timeout: a pool with no live connection fails as late as an unreachable server does.
+ * (src/store/slots.ts) while other statements run to free one, until a connect timeout
+ * passes with none served: a pool with no live connection fails as late as an unreachable
+ * server does.
  */
 async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotWait, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
   const params = toParams(values) as never[]
   let retried = false
-  let waitUntil: number | undefined
+  let mayWait: (() => boolean) | undefined
   for (;;) {
     const client = current()
     const query = client(strings, ...params)
     slots.started()
     try {
       const rows = (await query) as unknown as T[]
-      slots.settled()
+      slots.settled(true)
       return rows
     } catch (raw) {
-      slots.settled()
+      const sent = !failedBeforeSending(query)
+      slots.settled(sent)
       const err = toStoreError(raw)
       failedOn(client, err)
-      if (!failedBeforeSending(query)) throw err
-      if (err.sqlstate === noSlotLeft && slots.othersRunning() && performance.now() < (waitUntil ??= performance.now() + client.options.connect_timeout * 1000)) {
+      if (sent) throw err
+      if (err.sqlstate === noSlotLeft && slots.othersRunning() && (mayWait ??= slotDeadline(slots, client.options.connect_timeout * 1000))()) {
         await slots.nextFree()
       } else if (retried) {
         throw err
