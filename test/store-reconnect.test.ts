@@ -1,7 +1,8 @@
 import postgres from 'postgres'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { storeCode, type Db } from '../src/store/db.js'
-import { connectPostgres, failedBeforeSending } from '../src/store/postgres.js'
+import { connectPostgres } from '../src/store/postgres.js'
+import { failedBeforeSending } from '../src/store/postgres-pool.js'
 import { backends, type TestDb } from './helpers/backends.js'
 
 /**

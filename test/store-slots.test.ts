@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs'
+import { createServer, connect, type AddressInfo, type Socket } from 'node:net'
 import postgres from 'postgres'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { StoreError } from '../src/store/db.js'
@@ -10,10 +12,41 @@ import { startUpstream } from './helpers/upstream.js'
 
 /**
  * PostgreSQL out of connection slots (`max_connections` taken by other clients): a statement
- * whose new connection is refused (53300) waits for a connection the pool already has, and
- * only a pool with none fails closed. On a throwaway cluster of this file's own.
+ * whose new connection is refused (53300) waits for a connection the pool already has, the
+ * pool opens no more until it probes, and only a pool with none fails closed. On a throwaway
+ * cluster of this file's own.
  */
 const bin = postgresBinaries()
+
+/** How many new connections the server has refused for want of a slot so far, read from its log. */
+const refusedSoFar = (log: string) => readFileSync(log, 'utf8').split('\n').filter((l) => l.startsWith('53300 ')).length
+
+/**
+ * A TCP relay to the cluster that passes the first `pass` connections and holds every later
+ * one open without a byte: a server whose new connections never come up.
+ */
+async function startHoldingRelay(port: number, pass: number): Promise<{ url: string; close(): Promise<void> }> {
+  const sockets = new Set<Socket>()
+  let accepted = 0
+  const server = createServer((client) => {
+    sockets.add(client)
+    client.on('error', () => undefined)
+    if (accepted++ >= pass) return
+    const target = connect(port, '127.0.0.1')
+    sockets.add(target)
+    target.on('error', () => client.destroy())
+    client.on('close', () => target.destroy())
+    client.pipe(target).pipe(client)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    url: `postgres://postgres@127.0.0.1:${(server.address() as AddressInfo).port}/postgres`,
+    close: () => new Promise((resolve) => {
+      for (const s of sockets) s.destroy()
+      server.close(() => resolve())
+    }),
+  }
+}
 
 describe.skipIf(!bin)('a pool on a PostgreSQL with no connection slot left', () => {
   let cluster: Cluster
@@ -45,17 +78,81 @@ describe.skipIf(!bin)('a pool on a PostgreSQL with no connection slot left', () 
     await Promise.all(given.map((h) => h.end({ timeout: 1 })))
   }
 
-  it('runs 100 parallel statements on the 3 connections the server grants a pool of 20, none refused', async () => {
-    const db = connectPostgres(cluster.url, { max: 20 })
+  it('runs 100 parallel statements on the 3 connections the server grants a pool of 20, none refused, opening no connection after the first refusals', async () => {
+    // A connect timeout of 10 s is also the pool's probe interval: no probe in this test.
+    const db = connectPostgres(cluster.url, { max: 20, connectTimeoutMs: 10_000 })
     try {
       await takeSlots(3)
       await db.sql`SELECT 1`
+      const before = refusedSoFar(cluster.log)
       const rows = await Promise.all(Array.from({ length: 100 }, (_, i) =>
         db.sql<{ pid: number; i: number }>`SELECT pg_backend_pid() AS pid, ${i}::int AS i, pg_sleep(0.02)`))
       expect(rows.map((r) => r[0]!.i)).toEqual(Array.from({ length: 100 }, (_, i) => i))
       const pids = new Set(rows.map((r) => r[0]!.pid))
       expect(pids.size).toBeGreaterThanOrEqual(1)
       expect(pids.size).toBeLessThanOrEqual(3)
+      // The burst opens at most the 19 connections the pool has not opened yet; after the
+      // first refusals, the statements take turns on the live connections (before the cap, every
+      // retry opened another one: 70-150 refusals in this test).
+      expect(refusedSoFar(cluster.log) - before).toBeLessThanOrEqual(19)
+    } finally {
+      await db.close()
+    }
+  })
+
+  it('runs 100 parallel statements on its live connections when new ones do not come up within the connect timeout', async () => {
+    const relay = await startHoldingRelay(cluster.port, 2)
+    const db = connectPostgres(relay.url, { max: 20, connectTimeoutMs: 300 })
+    try {
+      await Promise.all([db.sql`SELECT pg_sleep(0.05)`, db.sql`SELECT pg_sleep(0.05)`])
+      const rows = await Promise.all(Array.from({ length: 100 }, (_, i) =>
+        db.sql<{ pid: number; i: number }>`SELECT pg_backend_pid() AS pid, ${i}::int AS i, pg_sleep(0.01)`))
+      expect(rows.map((r) => r[0]!.i)).toEqual(Array.from({ length: 100 }, (_, i) => i))
+      expect(new Set(rows.map((r) => r[0]!.pid)).size).toBeLessThanOrEqual(2)
+    } finally {
+      await db.close()
+      await relay.close()
+    }
+  })
+
+  it('opens connections again once the server has slots: its probe is not refused', async () => {
+    const db = connectPostgres(cluster.url, { max: 20, connectTimeoutMs: 200 })
+    const burst = async () => new Set((await Promise.all(Array.from({ length: 40 }, () =>
+      db.sql<{ pid: number }>`SELECT pg_backend_pid() AS pid, pg_sleep(0.02)`))).map((r) => r[0]!.pid)).size
+    try {
+      await takeSlots(2)
+      await db.sql`SELECT 1`
+      expect(await burst()).toBeLessThanOrEqual(2)
+      await Promise.all(hogs.splice(0).map((h) => h.end({ timeout: 1 })))
+      // A probe is due a connect timeout after the last refusal, and each burst asks for one. While
+      // held, a burst can add only that one connection; once the probe was not refused, one
+      // burst opens as many as it needs.
+      let connections = 2
+      let grew = 0
+      for (let i = 0; i < 200 && grew < 5; i++) {
+        const now = await burst()
+        grew = Math.max(grew, now - connections)
+        connections = Math.max(connections, now)
+      }
+      expect(grew).toBeGreaterThanOrEqual(5)
+    } finally {
+      await db.close()
+    }
+  })
+
+  it('fails the waiting statements with 53300 once a connect timeout passes with none served', async () => {
+    const db = connectPostgres(cluster.url, { max: 20, connectTimeoutMs: 300 })
+    try {
+      await takeSlots(1)
+      await db.sql`SELECT 1`
+      // The one live connection is busy for far longer than the connect timeout.
+      const long = db.sql`SELECT pg_sleep(5)`
+      const results = await Promise.allSettled(Array.from({ length: 5 }, () => db.sql`SELECT 1`))
+      for (const r of results) {
+        const err = (r as PromiseRejectedResult).reason
+        expect([r.status, err instanceof StoreError, (err as StoreError).sqlstate]).toEqual(['rejected', true, '53300'])
+      }
+      await long
     } finally {
       await db.close()
     }

@@ -1,67 +1,145 @@
+import { StoreError } from './db.js'
+
 /**
- * PostgreSQL refused a new connection for want of a slot (`53300`, too_many_connections):
- * its `max_connections` is taken, by other clients or by other gateways. A statement that was
- * waiting for that connection never reached the server, so it can wait instead for one of the
- * connections the pool already has: the next statement to settle leaves its connection idle,
- * and postgres.js hands a new statement an idle connection before it opens another.
+ * A pool held to the connections it has while the server gives it no new one.
  *
- * Waiters are woken one per settled statement, oldest first, so each retry meets the
- * connection that just came free instead of all of them racing to open new ones. A wait
- * lasts while statements keep being served: it ends after `timeoutMs` in which none was
- * (the running ones were only waiting for slots too), as an unreachable server's would.
+ * postgres.js opens a connection for a statement whenever none is idle and its pool is below
+ * `max`, and hands queued statements to connections still opening. When an open fails
+ * (PostgreSQL's `max_connections` is taken: `53300`; or a loaded server does not bring the
+ * connection up within the connect timeout), its statements fail though they never reached
+ * the server, while the pool's live connections go idle; every retry opens (and the server
+ * forks) another connection.
+ *
+ * So the first such refusal, while the pool has live connections (ones that served a
+ * statement within the last two `liveMs`, the pool's idle timeout), *holds* the pool: its
+ * socket factory opens no connection (`mayOpen`), so that whatever postgres.js would put on a
+ * new one fails at once, without touching the network, and waits here (`turn`). Each
+ * statement served on a live connection leaves that connection idle and lets the oldest
+ * waiter take it. After `probeMs` one connection may open (a probe); when `probeMs` has
+ * passed again without a refusal, the hold ends. Waiters fail with the refusal when
+ * `probeMs` passes with no statement served (the live connections are stuck or gone); a
+ * refusal with no live connection is not held.
  *
  * @example
- * const slots = createSlotWait()
- * slots.started()
- * try { return await query } finally { slots.settled(true) }
- * // after a 53300: if (slots.othersRunning() && (mayWait ??= slotDeadline(slots, 1000))()) await slots.nextFree()
+ * const slots = createSlotGate(1000, 60_000)
+ * // postgres.js's socket option: slots.mayOpen() ? connect(port, host) : heldSocket()
+ * // a statement settled: slots.left(query, served)
+ * // failed before it was sent: if (slots.held(err) || (refusedConnection(err) && slots.refused(err))) { await slots.turn(); retry }
  */
-export interface SlotWait {
-  /** A statement (or transaction) went to the driver. */
-  started(): void
-  /** It settled, having been `served` on a connection or not: wakes the oldest waiter. */
-  settled(served: boolean): void
-  /** How many statements have been served on a connection so far. */
-  served(): number
-  /** Whether any statement is running whose settling will free a connection. */
-  othersRunning(): boolean
-  /** Resolves when the next running statement settles. */
-  nextFree(): Promise<void>
+export interface SlotGate {
+  /** Whether a new connection may be opened now: always, but while the pool is held once per `probeMs`. */
+  mayOpen(): boolean
+  /** A statement settled, `served` on a connection or not; `query` carries postgres.js's stamp of that connection. */
+  left(query: object | undefined, served: boolean): void
+  /** A new connection was refused: holds the pool and answers true when it has live connections to wait for. */
+  refused(err: StoreError): boolean
+  /** Whether `err` is a connection that the held pool did not open. */
+  held(err: StoreError): boolean
+  /** Resolves when a live connection next comes free; rejects with the refusal when none does within `probeMs`. */
+  turn(): Promise<void>
+  /** Whether the pool is held. */
+  holding(): boolean
 }
 
 /** SQLSTATE 53300: the server has no connection slot left (too_many_connections). */
 export const noSlotLeft = '53300'
 
-export function createSlotWait(): SlotWait {
-  let running = 0
-  let served = 0
-  const waiting: (() => void)[] = []
+/** The driver code of a connection that a held pool did not open. */
+export const heldCode = 'FENCEGATE_POOL_HELD'
+
+/** Whether a failure before sending was a refused new connection: no slot left, or not up within the connect timeout. */
+export function refusedConnection(err: StoreError): boolean {
+  return err.sqlstate === noSlotLeft || err.driverCode === 'CONNECT_TIMEOUT'
+}
+
+/** A gate for a pool whose connect timeout is `probeMs` and whose idle connections close after `liveMs`. */
+export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
+  const backends = createRecentBackends(liveMs)
+  const waiting: { resolve: () => void; reject: (err: StoreError) => void }[] = []
+  let holding = false
+  let probeAt = 0
+  let probed = false
+  let refusedSinceProbe = false
+  let refusal = new StoreError(noSlotLeft, undefined)
+  let stall: ReturnType<typeof setTimeout> | undefined
+
+  const armStall = () => {
+    if (stall !== undefined) clearTimeout(stall)
+    stall = waiting.length > 0 ? setTimeout(failWaiting, probeMs) : undefined
+  }
+  const failWaiting = () => {
+    stall = undefined
+    for (const w of waiting.splice(0)) w.reject(refusal)
+  }
+
   return {
-    started: () => void running++,
-    settled(wasServed) {
-      running--
-      if (wasServed) served++
-      waiting.shift()?.()
+    mayOpen() {
+      if (!holding) return true
+      const now = performance.now()
+      if (now < probeAt) return false
+      // The last probe's connection was not refused: the server has slots again.
+      if (probed && !refusedSinceProbe) holding = false
+      else {
+        probed = true
+        refusedSinceProbe = false
+        probeAt = now + probeMs
+      }
+      return true
     },
-    served: () => served,
-    othersRunning: () => running > 0,
-    nextFree: () => new Promise<void>((resolve) => waiting.push(resolve)),
+    left(query, served) {
+      if (!served || !query) return
+      backends.served((query as { state?: unknown }).state)
+      if (waiting.length === 0) return
+      waiting.shift()!.resolve()
+      armStall()
+    },
+    refused(err) {
+      if (backends.live() === 0) return false
+      refusal = err
+      if (!holding) probed = false
+      holding = true
+      refusedSinceProbe = true
+      probeAt = performance.now() + probeMs
+      return true
+    },
+    held: (err) => err.driverCode === heldCode,
+    turn: () => new Promise<void>((resolve, reject) => {
+      waiting.push({ resolve, reject })
+      if (stall === undefined) armStall()
+    }),
+    holding: () => holding,
   }
 }
 
 /**
- * Whether a statement refused a slot may wait once more: yes until `timeoutMs` have passed
- * without any statement served on a connection. Made on a statement's first refusal.
+ * The connections that served a statement lately: each one's backend (postgres.js's stamp),
+ * kept for the window of `windowMs` it last served in and the next. Windows turn lazily, every
+ * 256 statements and at each count, so that a busy pool reads the clock rarely and the
+ * backends of closed connections are let go.
  */
-export function slotDeadline(slots: SlotWait, timeoutMs: number): () => boolean {
-  let seen = -1
-  let until = 0
-  return () => {
+function createRecentBackends(windowMs: number) {
+  let current = new Set<unknown>()
+  let previous = new Set<unknown>()
+  let turnedAt = performance.now()
+  let count = 0
+  const turn = () => {
     const now = performance.now()
-    if (slots.served() !== seen) {
-      seen = slots.served()
-      until = now + timeoutMs
-    }
-    return now < until
+    if (now - turnedAt < windowMs) return
+    previous = now - turnedAt < 2 * windowMs ? current : new Set()
+    current = new Set()
+    turnedAt = now
+  }
+  return {
+    served(backend: unknown) {
+      if (!backend) return
+      current.add(backend)
+      if ((++count & 255) === 0) turn()
+    },
+    live(): number {
+      turn()
+      let n = current.size
+      for (const b of previous) if (!current.has(b)) n++
+      return n
+    },
   }
 }

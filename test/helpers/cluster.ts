@@ -14,6 +14,8 @@ import postgres from 'postgres'
 export interface Cluster {
   url: string
   port: number
+  /** The server's log; each line starts with its SQLSTATE (`log_line_prefix = '%e '`). */
+  log: string
   /** `pg_ctl stop` with the given mode (`immediate` is a crash: no checkpoint, clients cut). */
   stop(mode?: 'fast' | 'immediate'): void
   start(): void
@@ -61,13 +63,14 @@ export async function startCluster(bin: string, options: { maxConnections?: numb
   const data = join(dir, 'data')
   const port = await freePort()
   run(join(bin, 'initdb'), ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-instructions'])
-  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=${options.maxConnections ?? 100} -c fsync=on`
+  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=${options.maxConnections ?? 100} -c fsync=on -c log_line_prefix='%e '`
   const start = () => run(join(bin, 'pg_ctl'), ['-D', data, '-o', opts, '-l', join(dir, 'log'), '-w', '-t', '30', 'start'])
   start()
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
   return {
     url,
     port,
+    log: join(dir, 'log'),
     stop: (mode = 'fast') => run(join(bin, 'pg_ctl'), ['-D', data, '-m', mode, '-w', 'stop']),
     start,
     async terminate(app) {

@@ -1,6 +1,6 @@
 import postgres from 'postgres'
 import type { Db } from '../../store/db.js'
-import { postgresClientDb } from '../../store/postgres.js'
+import { postgresClientDb } from '../../store/postgres-pool.js'
 
 /**
  * One request's connection to PostgreSQL. Workers forbids a socket opened in

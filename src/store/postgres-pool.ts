@@ -1,0 +1,169 @@
+import type postgres from 'postgres'
+import { passThrough, StoreError, toParams, toStoreError, type Db, type SqlValue } from './db.js'
+import { createSlotGate, refusedConnection, type SlotGate } from './slots.js'
+
+/**
+ * The Db over postgres.js clients that every runtime shares: statements with their retries,
+ * transactions, and the hold on a pool the server gives no new connection
+ * (src/store/slots.ts). The Node pool (src/store/postgres.ts) adds its sockets, the retiring
+ * of a client that lost a connection, and LISTEN; the Workers entry a client per request.
+ */
+
+export type Gate = <T>(run: () => Promise<T>) => Promise<T>
+
+/**
+ * At most `max` statements (or transactions) at a time, the rest waiting their turn here.
+ * postgres.js pipelines a statement onto a busy connection only when none is idle; with no
+ * more statements than connections, every statement finds an idle one, since a connection is
+ * idle again before its statement's promise settles.
+ */
+export function inFlight(max: number): Gate {
+  let running = 0
+  const waiting: (() => void)[] = []
+  return async (run) => {
+    if (running >= max) await new Promise<void>((resolve) => waiting.push(resolve))
+    else running++
+    try {
+      return await run()
+    } finally {
+      const next = waiting.shift()
+      if (next) next()
+      else running--
+    }
+  }
+}
+
+/**
+ * Whether postgres.js failed a statement before handing it to a connection, so that no
+ * server can have run it. The driver stamps a query with its connection's backend (`state`)
+ * the moment it writes it, and its own `cancel()` relies on that stamp the same way. Such
+ * failures: the connection it waited for could not be opened (refused, timed out, a server
+ * still starting), or the reconnect replayed a dead backend's `57P01` onto it (postgres.js
+ * 3.4.9 keeps a terminated backend's last ErrorResponse across the reconnect and fails the
+ * first statement queued for the new connection with it: porsager/postgres#1215, #1223). A statement
+ * that was written and then cut off (a reset, a terminated backend) may have committed, and
+ * is never retried.
+ */
+export function failedBeforeSending(query: unknown): boolean {
+  return (query as { state?: unknown } | null)?.state === null
+}
+
+/**
+ * Whether a failure means the connection under the statement is gone or never came up
+ * (a driver or socket code, SQLSTATE class 08, or `57P0x`), not that a live connection
+ * refused the statement.
+ */
+export function connectionLost(err: StoreError): boolean {
+  return err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? '')
+}
+
+/** What becomes of the client a statement failed on (`connectPostgres` retires one that lost its connection). */
+export type FailedOn = (client: postgres.Sql, err: StoreError) => void
+
+/**
+ * A Db on a postgres.js client its caller configured: the Workers runtime opens
+ * its own per-request client with Workers-specific options (src/runtime/workers/db.ts).
+ * Without `listen`: such a client does not outlive its request, and is never retired.
+ */
+export function postgresClientDb(client: postgres.Sql): Db {
+  return { ...pooled(() => client, () => {}, createSlotGate(client.options.connect_timeout * 1000, (client.options.idle_timeout ?? 60) * 1000)), close: () => client.end({ timeout: 5 }) }
+}
+
+/**
+ * The Db on whichever client is current; every failure is reported with the client it ran on.
+ * `slots` is the pool's hold (the socket factory of a Node pool asks it before opening).
+ */
+export function pooled(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, gate: Gate = (run) => run()): Db {
+  return {
+    kind: 'postgres',
+    sql: <T>(strings: TemplateStringsArray, ...values: SqlValue[]) => gate(() => statement<T>(current, failedOn, slots, strings, values)),
+    exec: (script) => gate(() => connected(current, failedOn, slots, (client) =>
+      client.unsafe(script).then(() => undefined, (err: unknown) => { throw toStoreError(err) }))),
+    // Statements inside run on the transaction's own connection, outside the gate.
+    begin: (fn) => gate(() => connected(current, failedOn, slots, (client) =>
+      passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>))),
+    close: async () => {},
+  }
+}
+
+/**
+ * Whether a statement that never reached a server waits for a live connection and runs
+ * again: its connection was one the held pool did not open, or one the server refused while
+ * the pool has others. Such a failure lost no connection, so it retires no client.
+ */
+function waitsForSlot(slots: SlotGate, err: StoreError): boolean {
+  return slots.held(err) || (refusedConnection(err) && slots.refused(err))
+}
+
+/**
+ * A script or a transaction on the current client, run again after its turn when its
+ * connection could not be had. A transaction refused its connection never started:
+ * postgres.js calls its callback only once the connection is reserved, and neither failure
+ * can befall a live connection.
+ */
+async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, run: (client: postgres.Sql) => Promise<T>): Promise<T> {
+  for (;;) {
+    const client = current()
+    try {
+      return await run(client)
+    } catch (err) {
+      // Anything else is fencegate's own, thrown inside a transaction (passThrough lets it out unchanged).
+      if (err instanceof StoreError) {
+        if (waitsForSlot(slots, err)) {
+          await slots.turn()
+          continue
+        }
+        failedOn(client, err)
+      }
+      throw err
+    }
+  }
+}
+
+/** The Db a transaction's callback gets: its statements run on the transaction's connection. */
+function inTransaction(tx: postgres.TransactionSql): Db {
+  return {
+    kind: 'postgres',
+    async sql<T>(strings: TemplateStringsArray, ...values: SqlValue[]) {
+      try {
+        return (await tx(strings, ...(toParams(values) as never[]))) as unknown as T[]
+      } catch (err) {
+        throw toStoreError(err)
+      }
+    },
+    exec: (script) => tx.unsafe(script).then(() => undefined, (err: unknown) => { throw toStoreError(err) }),
+    begin: () => Promise.reject(new Error('nested transactions are not used by fencegate')),
+    close: async () => {},
+  }
+}
+
+/**
+ * One statement on the current client. A statement that lost its connection retires that
+ * client; one that provably never reached a server is retried once, on the client current then.
+ * One whose connection could not be had while the pool has live ones takes its turn on those
+ * (src/store/slots.ts), as often as it takes.
+ */
+async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
+  const params = toParams(values) as never[]
+  let retried = false
+  for (;;) {
+    const client = current()
+    const query = client(strings, ...params)
+    try {
+      const rows = (await query) as unknown as T[]
+      slots.left(query, true)
+      return rows
+    } catch (raw) {
+      const sent = !failedBeforeSending(query)
+      slots.left(query, sent)
+      const err = toStoreError(raw)
+      if (!sent && waitsForSlot(slots, err)) {
+        await slots.turn()
+        continue
+      }
+      failedOn(client, err)
+      if (sent || retried) throw err
+      retried = true
+    }
+  }
+}
