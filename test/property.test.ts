@@ -185,8 +185,18 @@ interface Shape {
   pattern: RegExp
   fence: 'required' | 'optional' | 'off'
   scopes: string[]
-  /** The entity the gateway must have fenced, computed from what the upstream received. */
-  entity?: (m: RegExpExecArray, rec: ReceivedRequest, query: URLSearchParams) => string | undefined
+  /** The entity the gateway must have fenced, computed from what the upstream received (and, for a header, what was sent). */
+  entity?: (m: RegExpExecArray, rec: ReceivedRequest, query: URLSearchParams, sent: RawRequest) => string | undefined
+}
+
+/**
+ * A header's value as the gateway reads it: each line's value without its leading and trailing
+ * spaces and tabs (HTTP's OWS), repeated lines joined with ", " as Web Headers joins them.
+ * Not what the upstream sees: two empty lines are ", " here and arrive as ",", trimmed again.
+ */
+function sentHeader(sent: RawRequest, name: string): string | undefined {
+  const values = sent.headers.filter(([n]) => n.toLowerCase() === name).map(([, v]) => v.replace(/^[ \t]+|[ \t]+$/g, ''))
+  return values.length === 0 ? undefined : values.join(', ')
 }
 
 const param = (m: RegExpExecArray) => decodeURIComponent(m[1]!)
@@ -212,7 +222,7 @@ const shapes: Record<'/a' | '/b', Shape[]> = {
     { name: 'capture', method: 'POST', pattern: /^\/payments\/([^/]+)\/capture$/, fence: 'required', scopes: [], entity: (m) => `invoice:${param(m)}` },
     { name: 'acct', method: 'PUT', pattern: /^\/accounts\/([^/]+)$/, fence: 'optional', scopes: [], entity: (_m, _r, q) => `acct:${q.get('account')}` },
     // X-Account may be named in Connection: then the gateway fences on it but drops it before the upstream.
-    { name: 'hdr', method: 'PATCH', pattern: /^\/h$/, fence: 'required', scopes: [], entity: (_m, r) => (r.headers['x-account'] === undefined ? undefined : `hdr:${r.headers['x-account'] as string}`) },
+    { name: 'hdr', method: 'PATCH', pattern: /^\/h$/, fence: 'required', scopes: [], entity: (_m, r, _q, sent) => (r.headers['x-account'] === undefined ? undefined : `hdr:${sentHeader(sent, 'x-account')}`) },
     { name: 'ticket', method: 'POST', pattern: /^\/tickets$/, fence: 'required', scopes: [], entity: (_m, r) => `ticket:${String(bodyPath(r.body, ['ticket', 'id']))}` },
     { name: 'order', method: 'POST', pattern: /^\/orders\/([^/]+)$/, fence: 'optional', scopes: [], entity: (m) => `order:${param(m)}` },
     { name: 'open', method: 'DELETE', pattern: /^\/open\/([^/]+)$/, fence: 'off', scopes: [] },
@@ -743,7 +753,7 @@ async function checkBatch(gw: 'a' | 'b', sent: RawRequest[], got: (RawResponse |
     if (shape!.fence === 'off' || fence === undefined) return
     expect(isFence(fence), what).toBe(true)
     const row = accepted.get(id)
-    const entity = shape!.entity!(m!, rec, new URLSearchParams(q.join('?')))
+    const entity = shape!.entity!(m!, rec, new URLSearchParams(q.join('?')), r)
     if (row === undefined) {
       readAccepted.push({ tenant: r.tenant!, entity: entity === undefined ? undefined : wellFormed(entity), fence: BigInt(fence).toString(), what })
       return
