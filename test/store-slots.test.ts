@@ -4,7 +4,7 @@ import postgres from 'postgres'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { StoreError } from '../src/store/db.js'
 import { connectPostgres } from '../src/store/postgres.js'
-import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
+import { freePort, postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { checkFenceOrder, installFenceLog, type Outcome } from './helpers/fence-log.js'
 import { post } from './helpers/gateway.js'
 import { startGatewayProcesses, writeConfig } from './helpers/process.js'
@@ -153,6 +153,17 @@ describe.skipIf(!bin)('a pool on a PostgreSQL with no connection slot left', () 
         expect([r.status, err instanceof StoreError, (err as StoreError).sqlstate]).toEqual(['rejected', true, '53300'])
       }
       await long
+    } finally {
+      await db.close()
+    }
+  })
+
+  it('keeps postgres.js\'s fail-over for a URL of several hosts: a refusing host is passed over', async () => {
+    const refusing = await freePort()
+    const db = connectPostgres(`postgres://postgres@127.0.0.1:${refusing},127.0.0.1:${cluster.port}/postgres`, { max: 2 })
+    try {
+      const rows = await Promise.all(Array.from({ length: 4 }, () => db.sql<{ port: number }>`SELECT inet_server_port() AS port`))
+      expect(rows.map((r) => r[0]!.port)).toEqual([cluster.port, cluster.port, cluster.port, cluster.port])
     } finally {
       await db.close()
     }

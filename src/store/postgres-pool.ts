@@ -80,8 +80,11 @@ export function pooled(current: () => postgres.Sql, failedOn: FailedOn, slots: S
     exec: (script) => gate(() => connected(current, failedOn, slots, (client) =>
       client.unsafe(script).then(() => undefined, (err: unknown) => { throw toStoreError(err) }))),
     // Statements inside run on the transaction's own connection, outside the gate.
-    begin: (fn) => gate(() => connected(current, failedOn, slots, (client) =>
-      passThrough((track) => client.begin((tx) => track(fn(inTransaction(tx)))) as Promise<never>))),
+    begin: (fn) => gate(() => connected(current, failedOn, slots, (client, started) =>
+      passThrough((track) => client.begin((tx) => {
+        started()
+        return track(fn(inTransaction(tx)))
+      }) as Promise<never>))),
     close: async () => {},
   }
 }
@@ -97,24 +100,32 @@ function waitsForSlot(slots: SlotGate, err: StoreError): boolean {
 
 /**
  * A script or a transaction on the current client, run again after its turn when its
- * connection could not be had. A transaction refused its connection never started:
- * postgres.js calls its callback only once the connection is reserved, and neither failure
- * can befall a live connection.
+ * connection could not be had: then it never started (postgres.js calls a transaction's
+ * callback, which reports `started`, only once its connection is reserved). Its end lets a
+ * waiting statement take the connection it held.
  */
-async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, run: (client: postgres.Sql) => Promise<T>): Promise<T> {
+async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, run: (client: postgres.Sql, started: () => void) => Promise<T>): Promise<T> {
+  let waited = false
   for (;;) {
     const client = current()
+    let began = false
     try {
-      return await run(client)
+      const result = await run(client, () => void (began = true))
+      slots.left(undefined, true)
+      return result
     } catch (err) {
       // Anything else is fencegate's own, thrown inside a transaction (passThrough lets it out unchanged).
-      if (err instanceof StoreError) {
-        if (waitsForSlot(slots, err)) {
-          await slots.turn()
-          continue
-        }
-        failedOn(client, err)
+      if (!(err instanceof StoreError)) {
+        slots.left(undefined, true)
+        throw err
       }
+      slots.left(undefined, began && !connectionLost(err))
+      if (!began && waitsForSlot(slots, err)) {
+        await slots.turn(waited)
+        waited = true
+        continue
+      }
+      failedOn(client, err)
       throw err
     }
   }
@@ -146,6 +157,7 @@ function inTransaction(tx: postgres.TransactionSql): Db {
 async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slots: SlotGate, strings: TemplateStringsArray, values: SqlValue[]): Promise<T[]> {
   const params = toParams(values) as never[]
   let retried = false
+  let waited = false
   for (;;) {
     const client = current()
     const query = client(strings, ...params)
@@ -155,10 +167,11 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       return rows
     } catch (raw) {
       const sent = !failedBeforeSending(query)
-      slots.left(query, sent)
       const err = toStoreError(raw)
+      slots.left(query, sent && !connectionLost(err))
       if (!sent && waitsForSlot(slots, err)) {
-        await slots.turn()
+        await slots.turn(waited)
+        waited = true
         continue
       }
       failedOn(client, err)

@@ -48,7 +48,8 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   const connectTimeoutMs = options.connectTimeoutMs ?? 1000
   const idleTimeoutS = 60
   const slots = createSlotGate(connectTimeoutMs, idleTimeoutS * 1000)
-  const open = (gated: boolean) => postgres(url, {
+  const gated = singleHost(url)
+  const open = (withSockets: boolean) => postgres(url, {
     max,
     // postgres.js takes seconds; fractions work (it multiplies by 1000 for its timer).
     connect_timeout: connectTimeoutMs / 1000,
@@ -61,19 +62,19 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
     // (postgres.js needs 1 for its transactions), and `inFlight` below keeps it at none.
     ...(options.pooler === 'transaction' ? { max_pipeline: 1 } : {}),
     // A held pool's connections fail at once and hand their next queued statement on at once.
-    backoff: () => (gated && slots.holding() ? 0 : reconnectDelaySeconds()),
-    ...(gated ? { socket: gatedSocket(slots) } : {}),
+    backoff: () => (withSockets && slots.holding() ? 0 : reconnectDelaySeconds()),
+    ...(withSockets ? { socket: gatedSocket(slots) } : {}),
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
-  let client = open(true)
+  let client = open(gated)
   // LISTEN gets a client of its own, never retired nor held: postgres.js re-listens after a drop.
   let listener: postgres.Sql | undefined
   const draining = new Set<Promise<void>>()
   // A failure that lost its connection retires the client it ran on, once.
   const failedOn = (failed: postgres.Sql, err: StoreError) => {
     if (failed !== client || !connectionLost(err)) return
-    client = open(true)
+    client = open(gated)
     const done = failed.end({ timeout: 5 }).catch(() => {}).then(() => void draining.delete(done))
     draining.add(done)
   }
@@ -87,6 +88,13 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   }
 }
 
+/** Whether the URL names one host (or a Unix socket), as postgres.js reads it. */
+function singleHost(url: string): boolean {
+  const parsed = postgres(url, { max: 1, fetch_types: false, onnotice: () => {} })
+  void parsed.end()
+  return Boolean(parsed.options.path) || parsed.options.host.length === 1
+}
+
 /** What postgres.js passes its `socket` option: the parsed host list, ports and Unix socket path. */
 interface SocketTarget {
   host: string[]
@@ -95,33 +103,53 @@ interface SocketTarget {
 }
 
 /**
- * postgres.js's `socket` option: a TCP (or Unix) connection to the next host in turn, as
+ * postgres.js's `socket` option for a single host (or Unix socket): a connection to it, as
  * postgres.js opens one itself, or, while the pool is held, a socket that fails with
- * `FENCEGATE_POOL_HELD` without touching the network.
+ * `FENCEGATE_POOL_HELD` without touching the network. A URL of several hosts keeps
+ * postgres.js's own sockets (its fail-over takes each host in turn per connection).
  */
 function gatedSocket(slots: SlotGate): (target: SocketTarget) => Socket {
-  let next = 0
   return (target) => {
-    if (!slots.mayOpen()) return heldSocket()
-    if (target.path) return connect(target.path)
-    const i = next++ % target.host.length
-    return connect(target.port[i] ?? target.port[0]!, target.host[i])
+    if (!slots.mayOpen()) {
+      const held = untilWritten(new Socket())
+      held.destroy(Object.assign(new Error('the pool opens no connection while the server refuses them'), { code: heldCode }))
+      return held
+    }
+    if (target.path) return untilWritten(connect(target.path))
+    const socket = untilWritten(connect(target.port[0]!, target.host[0]))
+    // As postgres.js's own sockets: under SSL it names the host for SNI from `socket.host`.
+    return Object.assign(socket, { host: target.host[0], port: target.port[0] })
   }
 }
 
 /**
- * A socket that fails as postgres.js first writes to it (its startup message), once it
- * listens for the error. Failing before that write would leave the message queued in the
- * connection, unsent and never flushed, ahead of the next startup on it, which then stalls
- * until the connect timeout (porsager/postgres#1209).
+ * The socket, with its 'error' and 'close' kept back until postgres.js has first written to
+ * it. Given a socket of its option, postgres.js writes the startup message at once, not on
+ * 'connect', and a failure heard before that write went out (a refused connection on
+ * loopback, a held socket) left the message queued in the connection, never flushed, ahead
+ * of the next startup on it, which then stalled until the connect timeout
+ * (porsager/postgres#1209). A socket that failed first skips the write and reports why.
  */
-function heldSocket(): Socket {
-  const held = new Socket()
-  held.write = (() => {
-    held.destroy(Object.assign(new Error('the pool opens no connection while the server refuses them'), { code: heldCode }))
+function untilWritten(socket: Socket): Socket {
+  let kept: [string | symbol, unknown[]][] | undefined = []
+  const emit = socket.emit.bind(socket)
+  const write = socket.write.bind(socket)
+  socket.emit = ((event: string | symbol, ...args: unknown[]) => {
+    if (kept === undefined || (event !== 'error' && event !== 'close')) return emit(event, ...args)
+    kept.push([event, args])
+    return true
+  }) as Socket['emit']
+  socket.write = ((...args: Parameters<Socket['write']>) => {
+    const failed = kept!
+    kept = undefined
+    socket.write = write
+    if (failed.length === 0) return write(...args)
+    process.nextTick(() => {
+      for (const [event, eventArgs] of failed) emit(event, ...eventArgs)
+    })
     return false
   }) as Socket['write']
-  return held
+  return socket
 }
 
 /**

@@ -29,14 +29,21 @@ import { StoreError } from './db.js'
 export interface SlotGate {
   /** Whether a new connection may be opened now: always, but while the pool is held once per `probeMs`. */
   mayOpen(): boolean
-  /** A statement settled, `served` on a connection or not; `query` carries postgres.js's stamp of that connection. */
+  /**
+   * A statement (or a transaction: no `query`) settled, `served` by a live connection or not
+   * (a lost connection serves nothing); `query` carries postgres.js's stamp of that connection.
+   */
   left(query: object | undefined, served: boolean): void
   /** A new connection was refused: holds the pool and answers true when it has live connections to wait for. */
   refused(err: StoreError): boolean
   /** Whether `err` is a connection that the held pool did not open. */
   held(err: StoreError): boolean
-  /** Resolves when a live connection next comes free; rejects with the refusal when none does within `probeMs`. */
-  turn(): Promise<void>
+  /**
+   * Resolves when a live connection next comes free; rejects with the refusal when none does
+   * within `probeMs`. A statement that waited before and lost the connection it was woken for
+   * waits `again`, first in line.
+   */
+  turn(again?: boolean): Promise<void>
   /** Whether the pool is held. */
   holding(): boolean
 }
@@ -87,8 +94,8 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
       return true
     },
     left(query, served) {
-      if (!served || !query) return
-      backends.served((query as { state?: unknown }).state)
+      if (!served) return
+      if (query) backends.served((query as { state?: unknown }).state)
       if (waiting.length === 0) return
       waiting.shift()!.resolve()
       armStall()
@@ -103,8 +110,9 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
       return true
     },
     held: (err) => err.driverCode === heldCode,
-    turn: () => new Promise<void>((resolve, reject) => {
-      waiting.push({ resolve, reject })
+    turn: (again = false) => new Promise<void>((resolve, reject) => {
+      if (again) waiting.unshift({ resolve, reject })
+      else waiting.push({ resolve, reject })
       if (stall === undefined) armStall()
     }),
     holding: () => holding,
