@@ -4,7 +4,6 @@ import { requestIdOf } from '../gateway/app.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
 import { noMetrics, type Metrics, type MetricsExposition } from '../observe/metrics.js'
 import { adminOpenApi } from './openapi.js'
-import { isStorableText, maxEntityLength } from '../gateway/route.js'
 import { FencegateError, problemResponse } from '../http/problems.js'
 import type { Store } from '../store/store.js'
 import { createRulesApp } from '../rules/api.js'
@@ -12,9 +11,11 @@ import { createConsoleApp } from './ui.js'
 import type { RuleRegistry } from '../rules/registry.js'
 import type { Db } from '../store/db.js'
 import { createAdminJobsApp } from './jobs.js'
+import { createEntitiesApp } from './entities.js'
 import { createHistoryApp } from './history.js'
+import { createKeysApp } from './keys.js'
 import { auditFormat, exportAudit, type AuditFormat } from './audit-export.js'
-import { parseAuditQuery, parseBump, parseTenantQuery, readAuditPage, storeCall, tenantFor, type AdminEnv } from './query.js'
+import { parseAuditQuery, readAuditPage, storeCall, tenantFor, type AdminEnv } from './query.js'
 
 export { auditQuerySchema, bumpRequestSchema, parseAuditQuery, parseBump, readAuditPage, tenantQuerySchema, type AuditPage } from './query.js'
 
@@ -89,41 +90,8 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
 
   app.get('/openapi.json', (c) => c.json(adminOpenApi()))
 
-  app.get('/entities/:entity', async (c) => {
-    const entity = c.req.param('entity')
-    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
-    const state = await storeCall(() => store.getEntity(tenant, entity))
-    if (!state) throw new FencegateError('not_found', `no fence has been accepted for ${entity} in tenant ${tenant}`)
-    return c.json(state)
-  })
-
-  // Incident response: every holder of a token below min_fence is cut off at once.
-  app.post('/entities/:entity/bump', async (c) => {
-    const entity = c.req.param('entity')
-    if (entity.length > maxEntityLength || !isStorableText(entity)) throw new FencegateError('invalid_request', `an entity is 1-${maxEntityLength} characters without control characters`)
-    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
-    const minFence = parseBump(await c.req.text())
-    const r = await storeCall(() => store.bumpFence({ tenant, entity, minFence, caller: c.get('identity').caller, requestId: c.get('requestId') }))
-    return c.json({ tenant, entity, previous_fence: r.previous, highest_fence: r.highest, raised: r.raised })
-  })
-
-  app.get('/idempotency/:key', async (c) => {
-    const key = c.req.param('key')
-    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
-    const record = await storeCall(() => store.getKey(tenant, key))
-    if (!record) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
-    return c.json(record)
-  })
-
-  app.delete('/idempotency/:key', async (c) => {
-    const key = c.req.param('key')
-    const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
-    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: c.get('identity').caller, requestId: c.get('requestId') }))
-    if (!result) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
-    if (!result.released) throw new FencegateError('key_not_releasable', `the record is ${result.state}; only an unknown outcome (or an in-flight record whose lock expired) can be released`, { state: result.state })
-    return c.json({ key, tenant, released: true, previous_state: result.state })
-  })
-
+  app.route('/', createEntitiesApp(store))
+  app.route('/', createKeysApp(store))
   if (deps.rules) app.route('/rules', createRulesApp(deps.rules))
   app.route('/', createHistoryApp(store))
   if (deps.db) app.route('/jobs', createAdminJobsApp(deps.db))

@@ -128,7 +128,6 @@ const ifMatch = { name: 'If-Match', in: 'header', required: false, description: 
 const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) => [String(s), problem]))
 
 function buildDocument() {
-  const tenantQuery = queryParameters(tenantQuerySchema)
   return {
     openapi: '3.1.0',
     info: {
@@ -139,48 +138,7 @@ function buildDocument() {
         + 'included, are application/problem+json (components.schemas.Problem) with a stable code; x-problem-codes lists every code with its status.',
     },
     security: [{ bearer: [] }],
-    paths: {
-      '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up'), 503: json('Health', 'The store is down') } } },
-      '/audit': {
-        get: {
-          summary: 'The audit trail of rejected commands, newest first: one JSON page, or every matching row streamed as NDJSON or CSV',
-          parameters: queryParameters(auditQuerySchema),
-          responses: { 200: { ...json('AuditPage', 'One page'), content: { ...json('AuditPage', '').content, 'application/x-ndjson': { schema: { type: 'string' } }, 'text/csv': { schema: { type: 'string' } } } }, ...errors(400, 401, 403, 503) },
-        },
-      },
-      '/audit/summary': { get: { summary: 'Rejections counted by code per time bucket (default: the last hour by the minute)', parameters: queryParameters(auditSummarySchema), responses: { 200: json('AuditSummary', 'The buckets'), ...errors(400, 401, 403, 503) } } },
-      '/entities/{entity}/history': { get: { summary: "Every change of the entity's highest fence, newest first", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema)], responses: { 200: json('FenceHistoryPage', 'One page'), ...errors(400, 401, 403, 503) } } },
-      '/entities/{entity}/keys': { get: { summary: "The entity's live idempotency records, newest first (no bodies)", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema.omit({ before: true }))], responses: { 200: json('EntityKeys', 'The records'), ...errors(400, 401, 403, 503) } } },
-      '/jobs': { get: { summary: 'Jobs newest first, with each running job\'s holder, fence, attempt and remaining lease', parameters: queryParameters(jobListQuerySchema), responses: { 200: json('JobList', 'One page'), ...errors(400, 401, 403, 503) } } },
-      '/jobs/{id}': { get: { summary: 'One job, with its result and error (never its payload)', parameters: [pathParameter('id', 'The job id'), ...tenantQuery], responses: { 200: json('JobDetail', 'The job'), ...errors(400, 401, 403, 404, 503) } } },
-      '/entities/{entity}': { get: { summary: "An entity's highest accepted fence", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...tenantQuery], responses: { 200: json('EntityState', 'The entity'), ...errors(400, 401, 403, 404, 503) } } },
-      '/entities/{entity}/bump': {
-        post: {
-          summary: 'Raises the entity\'s highest fence to at least min_fence, cutting off every holder of a lower one (audited)',
-          parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...tenantQuery],
-          requestBody: { required: true, content: { 'application/json': { schema: { $ref: '#/components/schemas/BumpRequest' } } } },
-          responses: { 200: json('BumpResult', 'The fence after the bump'), ...errors(400, 401, 403, 503) },
-        },
-      },
-      '/idempotency/{key}': {
-        get: { summary: 'A live idempotency record', parameters: [pathParameter('key', 'The Idempotency-Key'), ...tenantQuery], responses: { 200: json('KeyState', 'The record'), ...errors(400, 401, 403, 404, 503) } },
-        delete: { summary: 'Releases an unknown outcome after reconciling it', parameters: [pathParameter('key', 'The Idempotency-Key'), ...tenantQuery], responses: { 200: json('KeyReleased', 'Released'), ...errors(400, 401, 403, 404, 409, 503) } },
-      },
-      '/rules': { get: { summary: 'The rules in use (routes and entity rules) and their version; ETag is the version', responses: { 200: json('RuleSet', 'The rules'), ...errors(401, 403, 503) } } },
-      '/rules/{name}': {
-        get: { summary: 'One rule', parameters: [pathParameter('name', 'The rule name')], responses: { 200: json('RuleOne', 'The rule'), ...errors(400, 401, 403, 404) } },
-        put: {
-          summary: 'Creates or replaces a rule (validated against the whole set, versioned, applied by every instance); If-Match: "<version>" refuses a change based on an older version',
-          parameters: [pathParameter('name', 'The rule name'), ifMatch],
-          requestBody: { required: true, content: { 'application/json': { schema: { oneOf: [{ $ref: '#/components/schemas/RouteRule' }, { $ref: '#/components/schemas/EntityRule' }] } } } },
-          responses: { 200: json('RuleChanged', 'The rule as stored'), ...errors(400, 401, 403, 412, 413, 422, 503) },
-        },
-        delete: { summary: 'Deletes a rule (versioned)', parameters: [pathParameter('name', 'The rule name'), ifMatch], responses: { 200: json('RuleDeleted', 'Deleted'), ...errors(400, 401, 403, 404, 412, 503) } },
-      },
-      '/rules/{name}/history': { get: { summary: "A rule's versions, newest first, with who changed it and when", parameters: [pathParameter('name', 'The rule name'), ...queryParameters(historyQuery)], responses: { 200: json('RuleHistory', 'The versions'), ...errors(400, 401, 403, 503) } } },
-      '/metrics': { get: { summary: 'Prometheus metrics (text exposition format); see docs/operations.md', responses: { 200: { description: 'The metrics', content: { 'text/plain': { schema: { type: 'string' } } } }, ...errors(401, 403, 404) } } },
-      '/openapi.json': { get: { summary: 'This document', responses: { 200: { description: 'OpenAPI 3.1', content: { 'application/json': { schema: { type: 'object' } } } }, ...errors(401) } } },
-    },
+    paths: { ...readPaths(), ...incidentPaths(), ...rulePaths() },
     components: {
       securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' } },
       responses: { Problem: { description: 'A problem (RFC 9457)', content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } } } },
@@ -208,6 +166,66 @@ function buildDocument() {
       },
     },
     'x-problem-codes': Object.fromEntries(Object.entries(problemCatalog).map(([code, p]) => [code, { status: p.status, title: p.title }])),
+  }
+}
+
+/** Health and the read views: the audit trail and its summary, an entity's history and keys, jobs. */
+function readPaths() {
+  const tenantQuery = queryParameters(tenantQuerySchema)
+  return {
+    '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up'), 503: json('Health', 'The store is down') } } },
+    '/audit': {
+      get: {
+        summary: 'The audit trail of rejected commands, newest first: one JSON page, or every matching row streamed as NDJSON or CSV',
+        parameters: queryParameters(auditQuerySchema),
+        responses: { 200: { ...json('AuditPage', 'One page'), content: { ...json('AuditPage', '').content, 'application/x-ndjson': { schema: { type: 'string' } }, 'text/csv': { schema: { type: 'string' } } } }, ...errors(400, 401, 403, 503) },
+      },
+    },
+    '/audit/summary': { get: { summary: 'Rejections counted by code per time bucket (default: the last hour by the minute)', parameters: queryParameters(auditSummarySchema), responses: { 200: json('AuditSummary', 'The buckets'), ...errors(400, 401, 403, 503) } } },
+    '/entities/{entity}/history': { get: { summary: "Every change of the entity's highest fence, newest first", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema)], responses: { 200: json('FenceHistoryPage', 'One page'), ...errors(400, 401, 403, 503) } } },
+    '/entities/{entity}/keys': { get: { summary: "The entity's live idempotency records, newest first (no bodies)", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema.omit({ before: true }))], responses: { 200: json('EntityKeys', 'The records'), ...errors(400, 401, 403, 503) } } },
+    '/jobs': { get: { summary: 'Jobs newest first, with each running job\'s holder, fence, attempt and remaining lease', parameters: queryParameters(jobListQuerySchema), responses: { 200: json('JobList', 'One page'), ...errors(400, 401, 403, 503) } } },
+    '/jobs/{id}': { get: { summary: 'One job, with its result and error (never its payload)', parameters: [pathParameter('id', 'The job id'), ...tenantQuery], responses: { 200: json('JobDetail', 'The job'), ...errors(400, 401, 403, 404, 503) } } },
+  }
+}
+
+/** Incident response: an entity's fence and its bump, an idempotency record and its release. */
+function incidentPaths() {
+  const tenantQuery = queryParameters(tenantQuerySchema)
+  return {
+    '/entities/{entity}': { get: { summary: "An entity's highest accepted fence", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...tenantQuery], responses: { 200: json('EntityState', 'The entity'), ...errors(400, 401, 403, 404, 503) } } },
+    '/entities/{entity}/bump': {
+      post: {
+        summary: 'Raises the entity\'s highest fence to at least min_fence, cutting off every holder of a lower one (audited)',
+        parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...tenantQuery],
+        requestBody: { required: true, content: { 'application/json': { schema: { $ref: '#/components/schemas/BumpRequest' } } } },
+        responses: { 200: json('BumpResult', 'The fence after the bump'), ...errors(400, 401, 403, 503) },
+      },
+    },
+    '/idempotency/{key}': {
+      get: { summary: 'A live idempotency record', parameters: [pathParameter('key', 'The Idempotency-Key'), ...tenantQuery], responses: { 200: json('KeyState', 'The record'), ...errors(400, 401, 403, 404, 503) } },
+      delete: { summary: 'Releases an unknown outcome after reconciling it', parameters: [pathParameter('key', 'The Idempotency-Key'), ...tenantQuery], responses: { 200: json('KeyReleased', 'Released'), ...errors(400, 401, 403, 404, 409, 503) } },
+    },
+  }
+}
+
+/** Rules at runtime, metrics and this document. */
+function rulePaths() {
+  return {
+    '/rules': { get: { summary: 'The rules in use (routes and entity rules) and their version; ETag is the version', responses: { 200: json('RuleSet', 'The rules'), ...errors(401, 403, 503) } } },
+    '/rules/{name}': {
+      get: { summary: 'One rule', parameters: [pathParameter('name', 'The rule name')], responses: { 200: json('RuleOne', 'The rule'), ...errors(400, 401, 403, 404) } },
+      put: {
+        summary: 'Creates or replaces a rule (validated against the whole set, versioned, applied by every instance); If-Match: "<version>" refuses a change based on an older version',
+        parameters: [pathParameter('name', 'The rule name'), ifMatch],
+        requestBody: { required: true, content: { 'application/json': { schema: { oneOf: [{ $ref: '#/components/schemas/RouteRule' }, { $ref: '#/components/schemas/EntityRule' }] } } } },
+        responses: { 200: json('RuleChanged', 'The rule as stored'), ...errors(400, 401, 403, 412, 413, 422, 503) },
+      },
+      delete: { summary: 'Deletes a rule (versioned)', parameters: [pathParameter('name', 'The rule name'), ifMatch], responses: { 200: json('RuleDeleted', 'Deleted'), ...errors(400, 401, 403, 404, 412, 503) } },
+    },
+    '/rules/{name}/history': { get: { summary: "A rule's versions, newest first, with who changed it and when", parameters: [pathParameter('name', 'The rule name'), ...queryParameters(historyQuery)], responses: { 200: json('RuleHistory', 'The versions'), ...errors(400, 401, 403, 503) } } },
+    '/metrics': { get: { summary: 'Prometheus metrics (text exposition format); see docs/operations.md', responses: { 200: { description: 'The metrics', content: { 'text/plain': { schema: { type: 'string' } } } }, ...errors(401, 403, 404) } } },
+    '/openapi.json': { get: { summary: 'This document', responses: { 200: { description: 'OpenAPI 3.1', content: { 'application/json': { schema: { type: 'object' } } } }, ...errors(401) } } },
   }
 }
 

@@ -91,8 +91,8 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
   const fallbackMs = options.fallbackMs ?? defaultFallbackMs
   if (!Number.isFinite(fallbackMs) || fallbackMs <= 0) throw new Error(`fallbackMs must be a positive number of milliseconds, got ${fallbackMs}`)
   const log = options.log ?? silentLogger
-  const waiters = new Set<WaiterState>()
-  const counts = { waiting: 0, notified: 0, ticks: 0, reconnects: 0 }
+  const shared: WaiterShared = { waiters: new Set(), counts: { waiting: 0, notified: 0, ticks: 0, reconnects: 0 }, fallbackMs }
+  const { waiters, counts } = shared
   let listening: Promise<boolean> | undefined
   let unlisten: (() => Promise<void>) | undefined
   let retryAt = 0
@@ -128,57 +128,9 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
     return listening
   }
 
-  class WaiterState implements Waiter {
-    pending: WakeReason | undefined
-    private settle: ((reason: WakeReason) => void) | undefined
-    constructor(readonly types: Set<string>) {}
-
-    wake(reason: WakeReason) {
-      if (!this.settle) {
-        this.pending ??= reason
-        return
-      }
-      if (reason === 'notified') counts.notified++
-      this.settle(reason)
-    }
-
-    next(deadline: number, signal: AbortSignal): Promise<WakeReason> {
-      if (signal.aborted || !waiters.has(this)) return Promise.resolve('aborted')
-      if (this.pending) {
-        const reason = this.pending
-        this.pending = undefined
-        return Promise.resolve(reason)
-      }
-      const remaining = deadline - performance.now()
-      if (remaining <= 0) return Promise.resolve('deadline')
-      return new Promise((resolve) => {
-        counts.waiting++
-        const byDeadline = remaining <= fallbackMs
-        const timer = setTimeout(() => {
-          if (!byDeadline) counts.ticks++
-          this.settle?.(byDeadline ? 'deadline' : 'tick')
-        }, Math.min(remaining, fallbackMs))
-        const onAbort = () => this.settle?.('aborted')
-        signal.addEventListener('abort', onAbort, { once: true })
-        this.settle = (reason) => {
-          this.settle = undefined
-          counts.waiting--
-          clearTimeout(timer)
-          signal.removeEventListener('abort', onAbort)
-          resolve(reason)
-        }
-      })
-    }
-
-    release() {
-      waiters.delete(this)
-      this.settle?.('aborted')
-    }
-  }
-
   return {
     async register(types, deadline) {
-      const waiter = new WaiterState(new Set(types))
+      const waiter = new WaiterState(new Set(types), shared)
       waiters.add(waiter)
       // The first claim must not run before LISTEN is active, or a job started in between
       // would wait for the tick; but never wait for the LISTEN past the claim's own deadline.
@@ -199,5 +151,62 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
       unlisten = undefined
       await u?.().catch(() => {})
     },
+  }
+}
+
+/** What a wake's waiters share: the set they are in, the counts and the fallback tick. */
+interface WaiterShared {
+  waiters: Set<WaiterState>
+  counts: { waiting: number; notified: number; ticks: number; reconnects: number }
+  fallbackMs: number
+}
+
+/** One registered claim: a wake latched while it is not waiting is kept for its next `next`. */
+class WaiterState implements Waiter {
+  pending: WakeReason | undefined
+  private settle: ((reason: WakeReason) => void) | undefined
+  constructor(readonly types: Set<string>, private readonly shared: WaiterShared) {}
+
+  wake(reason: WakeReason) {
+    if (!this.settle) {
+      this.pending ??= reason
+      return
+    }
+    if (reason === 'notified') this.shared.counts.notified++
+    this.settle(reason)
+  }
+
+  next(deadline: number, signal: AbortSignal): Promise<WakeReason> {
+    if (signal.aborted || !this.shared.waiters.has(this)) return Promise.resolve('aborted')
+    if (this.pending) {
+      const reason = this.pending
+      this.pending = undefined
+      return Promise.resolve(reason)
+    }
+    const remaining = deadline - performance.now()
+    if (remaining <= 0) return Promise.resolve('deadline')
+    const { counts, fallbackMs } = this.shared
+    return new Promise((resolve) => {
+      counts.waiting++
+      const byDeadline = remaining <= fallbackMs
+      const timer = setTimeout(() => {
+        if (!byDeadline) counts.ticks++
+        this.settle?.(byDeadline ? 'deadline' : 'tick')
+      }, Math.min(remaining, fallbackMs))
+      const onAbort = () => this.settle?.('aborted')
+      signal.addEventListener('abort', onAbort, { once: true })
+      this.settle = (reason) => {
+        this.settle = undefined
+        counts.waiting--
+        clearTimeout(timer)
+        signal.removeEventListener('abort', onAbort)
+        resolve(reason)
+      }
+    })
+  }
+
+  release() {
+    this.shared.waiters.delete(this)
+    this.settle?.('aborted')
   }
 }

@@ -33,29 +33,34 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const registry = new Registry()
   const registers = [registry]
   collectDefaultMetrics({ register: registry })
+  const ruleVersion = options.ruleVersion
+  if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
+  const refreshGauges = storeGauges(registers, options)
+  const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
+  const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
+  return {
+    registry,
+    contentType: registry.contentType,
+    async render() {
+      await refreshGauges()
+      return registry.metrics()
+    },
+    ...dataPlaneMetrics(registers),
+    ...leaseMetrics(registers),
+    adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
+    rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
+  }
+}
 
+type Registers = Registry[]
+
+/** The data plane's series: requests, their time, the upstream's and the store's, accepted fences. */
+function dataPlaneMetrics(registers: Registers): Pick<Metrics, 'request' | 'upstream' | 'storeCall' | 'highestFenceUpdated'> {
   const requests = new Counter({ name: 'fencegate_requests_total', help: 'Data-plane requests by route, outcome (forwarded, replayed, rejected) and problem code', labelNames: ['route', 'outcome', 'code'], registers })
   const requestSeconds = new Histogram({ name: 'fencegate_request_duration_seconds', help: 'Data-plane time to decide and answer (to the response headers), by route and outcome', labelNames: ['route', 'outcome'], buckets: latencyBuckets, registers })
   const upstreamSeconds = new Histogram({ name: 'fencegate_upstream_duration_seconds', help: 'Upstream time to response headers per forward attempt, answered or not, by route', labelNames: ['route'], buckets: latencyBuckets, registers })
   const storeSeconds = new Histogram({ name: 'fencegate_store_duration_seconds', help: 'Store statement latency by call and result (ok, error)', labelNames: ['call', 'result'], buckets: latencyBuckets, registers })
   const fenceUpdates = new Counter({ name: 'fencegate_highest_fence_updates_total', help: 'Fences accepted as their entity\'s highest fence (replays included), by route', labelNames: ['route'], registers })
-  const ruleVersion = options.ruleVersion
-  if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
-  const idempotency = new Gauge({ name: 'fencegate_idempotency_records', help: 'Unexpired idempotency records by state, read at scrape time', labelNames: ['state'], registers })
-  const jobs = new Gauge({ name: 'fencegate_jobs', help: 'Jobs by type and state, read at scrape time', labelNames: ['type', 'state'], registers })
-  const expired = new Gauge({ name: 'fencegate_jobs_lease_expired', help: 'Running jobs whose lease has expired by the database clock and that no one has reclaimed yet, read at scrape time', labelNames: ['type'], registers })
-  const gaugeFailures = new Counter({ name: 'fencegate_gauge_read_failures_total', help: 'Scrapes whose database gauges could not be read (they are then left out)', registers })
-  const claims = new Counter({ name: 'fencegate_job_claims_total', help: 'Jobs claimed, by type (reclaims included)', labelNames: ['type'], registers })
-  const releases = new Counter({ name: 'fencegate_job_releases_total', help: 'Jobs given back by their live owner (release), by type', labelNames: ['type'], registers })
-  const jobsPurged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
-  const reclaims = new Counter({ name: 'fencegate_job_reclaims_total', help: 'Claims of a running job whose lease had expired, by type', labelNames: ['type'], registers })
-  const renewalFailures = new Counter({ name: 'fencegate_lease_renewal_failures_total', help: 'Refused heartbeats by reason', labelNames: ['reason'], registers })
-  const heartbeatAge = new Histogram({ name: 'fencegate_heartbeat_age_seconds', help: 'Time since the lease was last set (claim or heartbeat) when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
-  const remainingLease = new Histogram({ name: 'fencegate_lease_remaining_seconds', help: 'Lease left when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
-  const resultRejections = new Counter({ name: 'fencegate_job_result_rejections_total', help: 'Refused completions by reason', labelNames: ['reason'], registers })
-  const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
-  const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
-
   // A label left out is absent from the series, which reads better than an empty value.
   const routeLabel = (route: string | undefined) => (route === undefined ? {} : { route })
   // The hot path's series, each labelled child made once: prom-client hashes and validates
@@ -64,8 +69,50 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const requestTime = labelled((route: string | undefined, outcome: string) => requestSeconds.labels({ ...routeLabel(route), outcome }))
   const upstreamTime = labelled((route: string) => upstreamSeconds.labels({ route }))
   const storeTime = labelled((call: string, result: string) => storeSeconds.labels({ call, result }))
+  return {
+    request(e) {
+      requestCount(e.route, e.outcome, e.code).inc()
+      requestTime(e.route, e.outcome).observe(e.durationMs / 1000)
+    },
+    upstream: (e) => upstreamTime(e.route).observe(e.durationMs / 1000),
+    storeCall: (e) => storeTime(e.call, e.failed ? 'error' : 'ok').observe(e.durationMs / 1000),
+    highestFenceUpdated: (e) => fenceUpdates.inc({ route: e.route }),
+  }
+}
 
-  async function refreshGauges(): Promise<void> {
+/** The lease service's series: claims, releases, heartbeats and refusals, the job purge. */
+function leaseMetrics(registers: Registers): Pick<Metrics, 'jobClaimed' | 'jobReleased' | 'jobsPurged' | 'heartbeat' | 'renewalFailed' | 'resultRejected'> {
+  const claims = new Counter({ name: 'fencegate_job_claims_total', help: 'Jobs claimed, by type (reclaims included)', labelNames: ['type'], registers })
+  const releases = new Counter({ name: 'fencegate_job_releases_total', help: 'Jobs given back by their live owner (release), by type', labelNames: ['type'], registers })
+  const jobsPurged = new Counter({ name: 'fencegate_jobs_purged_total', help: 'Finished jobs deleted with their output after job_retention', registers })
+  const reclaims = new Counter({ name: 'fencegate_job_reclaims_total', help: 'Claims of a running job whose lease had expired, by type', labelNames: ['type'], registers })
+  const renewalFailures = new Counter({ name: 'fencegate_lease_renewal_failures_total', help: 'Refused heartbeats by reason', labelNames: ['reason'], registers })
+  const heartbeatAge = new Histogram({ name: 'fencegate_heartbeat_age_seconds', help: 'Time since the lease was last set (claim or heartbeat) when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
+  const remainingLease = new Histogram({ name: 'fencegate_lease_remaining_seconds', help: 'Lease left when a heartbeat renewed it, by type', labelNames: ['type'], buckets: leaseBuckets, registers })
+  const resultRejections = new Counter({ name: 'fencegate_job_result_rejections_total', help: 'Refused completions by reason', labelNames: ['reason'], registers })
+  return {
+    jobClaimed(e) {
+      claims.inc({ type: e.type })
+      if (e.reclaimed) reclaims.inc({ type: e.type })
+    },
+    jobReleased: (e) => releases.inc({ type: e.type }),
+    jobsPurged: (count) => jobsPurged.inc(count),
+    heartbeat(e) {
+      heartbeatAge.observe({ type: e.type }, e.ageMs / 1000)
+      remainingLease.observe({ type: e.type }, e.remainingMs / 1000)
+    },
+    renewalFailed: (e) => renewalFailures.inc({ reason: e.reason }),
+    resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
+  }
+}
+
+/** The gauges whose truth is in the database, and the refresh that reads them once per scrape. */
+function storeGauges(registers: Registers, options: PromMetricsOptions): () => Promise<void> {
+  const idempotency = new Gauge({ name: 'fencegate_idempotency_records', help: 'Unexpired idempotency records by state, read at scrape time', labelNames: ['state'], registers })
+  const jobs = new Gauge({ name: 'fencegate_jobs', help: 'Jobs by type and state, read at scrape time', labelNames: ['type', 'state'], registers })
+  const expired = new Gauge({ name: 'fencegate_jobs_lease_expired', help: 'Running jobs whose lease has expired by the database clock and that no one has reclaimed yet, read at scrape time', labelNames: ['type'], registers })
+  const gaugeFailures = new Counter({ name: 'fencegate_gauge_read_failures_total', help: 'Scrapes whose database gauges could not be read (they are then left out)', registers })
+  return async () => {
     if (!options.readGauges) return
     let gauges: StoreGauges | undefined
     try {
@@ -82,36 +129,6 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
       jobs.set({ type: r.type, state: r.state }, r.count)
       if (r.state === 'running') expired.set({ type: r.type }, r.expired)
     }
-  }
-
-  return {
-    registry,
-    contentType: registry.contentType,
-    async render() {
-      await refreshGauges()
-      return registry.metrics()
-    },
-    request(e) {
-      requestCount(e.route, e.outcome, e.code).inc()
-      requestTime(e.route, e.outcome).observe(e.durationMs / 1000)
-    },
-    upstream: (e) => upstreamTime(e.route).observe(e.durationMs / 1000),
-    storeCall: (e) => storeTime(e.call, e.failed ? 'error' : 'ok').observe(e.durationMs / 1000),
-    highestFenceUpdated: (e) => fenceUpdates.inc({ route: e.route }),
-    jobClaimed(e) {
-      claims.inc({ type: e.type })
-      if (e.reclaimed) reclaims.inc({ type: e.type })
-    },
-    jobReleased: (e) => releases.inc({ type: e.type }),
-    jobsPurged: (count) => jobsPurged.inc(count),
-    heartbeat(e) {
-      heartbeatAge.observe({ type: e.type }, e.ageMs / 1000)
-      remainingLease.observe({ type: e.type }, e.remainingMs / 1000)
-    },
-    renewalFailed: (e) => renewalFailures.inc({ reason: e.reason }),
-    resultRejected: (e) => resultRejections.inc({ reason: e.reason }),
-    adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
-    rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
   }
 }
 
