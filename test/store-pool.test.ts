@@ -12,11 +12,13 @@ import { startUpstream } from './helpers/upstream.js'
 
 // store.max_connections bounds the gateway's PostgreSQL connections: under 40 concurrent
 // fenced commands, the statements queue on (and pipeline over) that many, and none fails.
-const postgresOnly = backends().filter((b) => b.name === 'postgres')
+// Without DATABASE_URL the suite is skipped, not left undefined: a file that defines no
+// suite fails the whole run ("No test suite found in file").
+const postgresBackend = backends().find((b) => b.name === 'postgres')
 
-describe.skipIf(postgresOnly.length === 0).each(postgresOnly)('store.max_connections on $name', (backend) => {
+describe.skipIf(!postgresBackend)('store.max_connections on PostgreSQL', () => {
   it('opens no more statement connections than configured, however many commands are in flight', async () => {
-    const t = await backend.open()
+    const t = await postgresBackend!.open()
     const upstream = await startUpstream()
     const config = parseConfig({
       server: { port: 0, admin_port: 0 }, store: { data_dir: mkdtempSync(join(tmpdir(), 'fencegate-pool-')), max_connections: 2 },
