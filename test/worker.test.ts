@@ -303,12 +303,13 @@ describe('createFetchForward against a real upstream', () => {
   })
 
   it('passes a body in a coding fetch does not decode through untouched', async () => {
+    // `compress`, which no fetch decodes: Node 26's fetch decodes zstd (Node 20's and 22's do not).
     upstream.handle((_req, res) => {
-      res.writeHead(200, { 'content-encoding': 'zstd', 'content-length': 3 })
+      res.writeHead(200, { 'content-encoding': 'compress', 'content-length': 3 })
       res.end('abc')
     })
     const res = await forward(request(upstream.url))
-    expect(res.headers.get('content-encoding')).toBe('zstd')
+    expect(res.headers.get('content-encoding')).toBe('compress')
     expect(res.headers.get('content-length')).toBe('3')
     expect(await res.text()).toBe('abc')
   })
