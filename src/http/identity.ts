@@ -1,6 +1,7 @@
 import type { HeaderView } from './exchange.js'
-import { createLocalJWKSet, createRemoteJWKSet, errors, exportJWK, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey } from 'jose'
-import type { AuthConfig } from '../config/schema.js'
+import { createLocalJWKSet, errors, exportJWK, importSPKI, jwtVerify, type CryptoKey, type JWTVerifyGetKey } from 'jose'
+import { ConfigError, type AuthConfig } from '../config/schema.js'
+import { createRemoteKeySet, KeySetUnavailable, type KeySetOptions } from './jwks.js'
 import { FencegateError } from './problems.js'
 import { isStorableText } from '../config/templates.js'
 
@@ -24,7 +25,11 @@ export const noAuthentication: Authenticate = async () => defaultIdentity
 
 /** Verification key material, loaded by the runtime's entry (files are read there, not here). */
 export type VerificationKeys =
-  | { kind: 'jwks'; url: string }
+  /**
+   * A JWKS endpoint. `fetchAtStart` (default true) fetches it in `createAuthenticator`, so a wrong or
+   * unreachable URL fails at start naming `auth.jwks_url`; the Workers entry fetches on first use instead.
+   */
+  | { kind: 'jwks'; url: string; fetchAtStart?: boolean; keySet?: KeySetOptions }
   | { kind: 'public'; keys: { pem: string; alg: string }[] }
   | { kind: 'hmac'; secret: string }
 
@@ -91,9 +96,18 @@ async function verificationKey(keys: VerificationKeys): Promise<{ key: Uint8Arra
   switch (keys.kind) {
     case 'hmac':
       return { key: new TextEncoder().encode(keys.secret), algorithms: ['HS256'] }
-    case 'jwks':
-      // jose caches the set and refetches at most once per cooldown on an unknown kid.
-      return { key: createRemoteJWKSet(new URL(keys.url), { cooldownDuration: 30_000, cacheMaxAge: 600_000 }), algorithms: asymmetric }
+    case 'jwks': {
+      const set = createRemoteKeySet(new URL(keys.url), keys.keySet)
+      if (keys.fetchAtStart !== false) {
+        try {
+          await set.refresh()
+        } catch (err) {
+          // Without its keys the gateway would come up healthy and refuse every token.
+          throw new ConfigError([`auth.jwks_url: ${(err as Error).message} from ${keys.url}`])
+        }
+      }
+      return { key: set.getKey, algorithms: asymmetric }
+    }
     case 'public': {
       // A local key set lets jose try every key of the token's algorithm (key rotation), or the one its kid names.
       const jwks = await Promise.all(keys.keys.map(async (k, i) => ({
@@ -128,6 +142,7 @@ function describeJoseError(err: unknown): string {
   if (err instanceof errors.JOSEAlgNotAllowed) return "the token's algorithm is not accepted"
   if (err instanceof errors.JWSSignatureVerificationFailed) return "the token's signature does not verify"
   if (err instanceof errors.JWKSNoMatchingKey) return 'no key matches the token'
+  if (err instanceof KeySetUnavailable) return `no key fetched from auth.jwks_url matches the token, and ${err.message}`
   return 'the token is not a valid JWT'
 }
 

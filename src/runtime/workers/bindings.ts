@@ -39,7 +39,9 @@ export function configFromText(text: string, vars: Record<string, string | undef
 
 /** Key material from bindings: a Worker has no files, so public_keys[i] is read from FENCEGATE_PUBLIC_KEY_<i>. */
 export function workerKeys(auth: AuthConfig, vars: Record<string, string | undefined>): VerificationKeys {
-  if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url }
+  // Fetched on first use, each request with its own fetch: workerd forbids I/O at start-up and a request
+  // awaiting a fetch that another request started.
+  if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url, fetchAtStart: false, keySet: { sharePending: false } }
   if (auth.public_keys) {
     return {
       kind: 'public',
