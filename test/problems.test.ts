@@ -8,13 +8,14 @@ import { createJobStore } from '../src/leases/store.js'
 import { silentLogger } from '../src/observe/log.js'
 import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
 import type { Db } from '../src/store/db.js'
-import type { Command, Store } from '../src/store/store.js'
+import { createStore, type Command, type Store } from '../src/store/store.js'
+import { DurabilityRefusal, localDurability, type DurabilityRefusalCode } from '../src/store/durability.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
-type Apps = { db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
 const claimOf = (key: string, fp: string): Command => ({
   tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
@@ -72,6 +73,10 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
   upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
   store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
+  // The refusals themselves are made by real replicated clusters in test/failover.test.ts.
+  store_not_replicated: ({ refusing }) => refusing('store_not_replicated').request('/payments/1/capture', fenced('1')),
+  store_identity_changed: ({ refusing }) => refusing('store_identity_changed').request('/payments/1/capture', fenced('1')),
+  store_lost_commits: ({ refusing }) => refusing('store_lost_commits').request('/payments/1/capture', fenced('1')),
   unknown_job_type: ({ data }) => data.request('/_fencegate/jobs', json({ type: 'nope', key: 'k' })),
   job_not_found: ({ data }) => data.request('/_fencegate/jobs/999999'),
   job_finished: async ({ data }) => {
@@ -104,18 +109,18 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
-  store_unavailable: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
+  store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
   rules_version_conflict: I, not_found: I, internal_error: A,
 }
 
 /** Refusals a retry can help with: they carry Retry-After and the route's hint says true; all others carry neither. */
-const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailable', 'entity_busy', 'upstream_unreachable'])
+const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailable', 'store_not_replicated', 'entity_busy', 'upstream_unreachable'])
 /** Codes answered on a matched route, so they carry the route's `retry_hint_header` (job and admin APIs have none). */
 const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
   'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
   'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'store_unavailable',
-  'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
+  'store_not_replicated', 'store_identity_changed', 'store_lost_commits', 'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
 const hint = 'Stripe-Should-Retry'
 
 describe('every problem code', () => {
@@ -157,6 +162,7 @@ describe('every problem code', () => {
     ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     apps = {
+      refusing: (code) => createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward }),
       db: t.db,
       store: t.store,
       authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator() }),

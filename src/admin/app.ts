@@ -10,6 +10,7 @@ import { createRulesApp } from '../rules/api.js'
 import { createConsoleApp } from './ui.js'
 import type { RuleRegistry } from '../rules/registry.js'
 import type { Db } from '../store/db.js'
+import { localDurability, type Durability } from '../store/durability.js'
 import { createAdminJobsApp } from './jobs.js'
 import { createEntitiesApp } from './entities.js'
 import { createHistoryApp } from './history.js'
@@ -21,6 +22,8 @@ export { auditQuerySchema, bumpRequestSchema, parseAuditQuery, parseBump, readAu
 
 export interface AdminDeps {
   store: Store
+  /** What /health reports of the store's durability; defaults to `local`. */
+  durability?: Pick<Durability, 'status'>
   /** Defaults to no authentication, for an admin plane bound to loopback. */
   authenticate?: Authenticate
   /** Counts admin requests; defaults to recording nothing. */
@@ -64,13 +67,16 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     c.header('x-request-id', c.get('requestId'))
   })
 
+  // A gateway that refuses every command (its store cannot prove its record) is unavailable too.
   app.get('/health', async (c) => {
+    const { level, refusing } = (deps.durability ?? localDurability).status()
     try {
       await store.ping()
-      return c.json({ status: 'ok', store: 'up' })
     } catch {
-      return c.json({ status: 'unavailable', store: 'down' }, 503)
+      return c.json({ status: 'unavailable', store: 'down', durability: level }, 503)
     }
+    if (refusing) return c.json({ status: 'unavailable', store: 'up', durability: level, refusing }, 503)
+    return c.json({ status: 'ok', store: 'up', durability: level })
   })
 
   app.get('/audit', async (c) => {

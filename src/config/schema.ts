@@ -44,6 +44,8 @@ export const configSchema = z.object({
     // Connections to PostgreSQL. When all are busy, postgres.js pipelines statements on them,
     // which costs both sides less CPU than a connection per statement (docs/benchmarks.md).
     max_connections: integer(1, 100).default(defaultMaxConnections),
+    // Refuse commands while no synchronous standby confirms commits (docs/operations.md#failover).
+    require_replicated: z.boolean().default(false),
   }).strict().prefault({}),
   log: z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),

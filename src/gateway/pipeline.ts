@@ -1,9 +1,10 @@
 import type { Answer } from '../http/exchange.js'
 import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
-import { FencegateError, storeUnavailable } from '../http/problems.js'
+import { durabilityProblem, FencegateError, storeUnavailable } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
+import { DurabilityRefusal } from '../store/durability.js'
 import type { Command, Held, IdempotencyClaim, SlotRequest as Slot } from '../store/store.js'
 import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
 import { audited, auditRejection } from './audited.js'
@@ -181,6 +182,7 @@ export function failureProblem(err: unknown, log: Logger, requestId: string, sto
     log.error('store_failed', { request_id: requestId, store_code: storeCode(err) })
     return storeUnavailable(storeDetail)
   }
+  if (err instanceof DurabilityRefusal) return durabilityProblem(err)
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error', 'an unexpected error occurred')
   // A bug, or a state validation should have excluded (an attestation without a key).
   if (problem.code === 'internal_error') log.error('internal_error', { request_id: requestId, error: (err as Error)?.name ?? typeof err })

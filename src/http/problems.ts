@@ -26,6 +26,9 @@ export const problemCatalog = {
   upstream_unreachable: { status: 502, title: 'The upstream could not be reached' },
   upstream_timeout: { status: 504, title: 'The upstream did not answer in time' },
   store_unavailable: { status: 503, title: 'The store is unavailable; nothing was forwarded' },
+  store_not_replicated: { status: 503, title: 'No synchronous standby confirms the store\'s commits; nothing was forwarded' },
+  store_identity_changed: { status: 503, title: 'The store is another cluster than the one this gateway started on; nothing was forwarded' },
+  store_lost_commits: { status: 503, title: 'The store failed over and lost commits this gateway acknowledged; nothing was forwarded' },
   unknown_job_type: { status: 400, title: 'No such job type is configured' },
   job_not_found: { status: 404, title: 'No such job' },
   job_finished: { status: 409, title: 'The job has finished' },
@@ -93,6 +96,24 @@ export function retryAfter(ms: number): Record<string, string> {
  */
 export function storeUnavailable(detail: string): FencegateError {
   return new FencegateError('store_unavailable', detail, {}, retryAfter(1000))
+}
+
+/** The durability refusals of the store (src/store/durability.ts), by their shape. */
+export interface DurabilityRefusalLike {
+  code: 'store_not_replicated' | 'store_identity_changed' | 'store_lost_commits'
+  detail: string
+}
+
+/**
+ * A durability refusal as a problem: `store_not_replicated` passes when a standby streams
+ * again (`Retry-After: 1`); a changed identity or lost commits last until the gateway restarts,
+ * so a retry here cannot help (another gateway may serve it).
+ *
+ * @example
+ * if (err instanceof DurabilityRefusal) throw durabilityProblem(err)
+ */
+export function durabilityProblem(refusal: DurabilityRefusalLike): FencegateError {
+  return new FencegateError(refusal.code, refusal.detail, {}, refusal.code === 'store_not_replicated' ? retryAfter(1000) : {})
 }
 
 /**

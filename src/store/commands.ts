@@ -1,4 +1,5 @@
 import type { Db } from './db.js'
+import { readPosition, type PositionRow, type WalPosition } from './wal.js'
 
 /** A command presented to the store before forwarding: its fence, and its key when idempotent. */
 export interface Command {
@@ -52,7 +53,13 @@ export type Reservation =
   | { kind: 'outcome_unknown' }
   | { kind: 'not_replayable' }
 
-interface ReserveRow {
+/** A decision and where it left the WAL (src/store/wal.ts), for the durability checks. */
+export interface Positioned {
+  reservation: Reservation
+  position: WalPosition | undefined
+}
+
+interface ReserveRow extends PositionRow {
   highest: string | null
   state: string | null
   owned: boolean | null
@@ -78,15 +85,19 @@ interface ReserveRow {
  * moves nothing: the function answers it with a read before anything that writes, so
  * it costs no commit flush.
  */
-export async function reserve(db: Db, c: Command): Promise<Reservation> {
+export async function reserve(db: Db, c: Command): Promise<Positioned> {
   if (!c.idempotency && !c.leaseJob) return presentFence(db, c)
   const k = c.idempotency
+  // The position columns come after the function has run: its writes are in them.
   const [row] = await db.sql<ReserveRow>`
-    SELECT * FROM fg_reserve(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
+    SELECT r.*, pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
+      CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS fg_lsn,
+      extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot
+    FROM fg_reserve(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
       ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key ?? null}, ${k?.fingerprint ?? null},
       ${k?.ownerToken ?? null}, ${k?.lockMs ?? null}::bigint, ${k?.ttlMs ?? null}::bigint, ${k?.retryUnknown ?? false}::boolean,
-      ${c.leaseJob ?? null}::bigint)`
-  return decide(row!, c)
+      ${c.leaseJob ?? null}::bigint) r`
+  return { reservation: decide(row!, c), position: readPosition(row) }
 }
 
 /**
@@ -104,12 +115,17 @@ export async function reserve(db: Db, c: Command): Promise<Reservation> {
  * statement itself: postgres.js rebuilds and hashes a statement's text on every call, and
  * the 2 KB statement cost the gateway more CPU and allocation than any other step.
  */
-async function presentFence(db: Db, c: Command): Promise<Reservation> {
-  const [row] = await db.sql<{ highest: string }>`
+async function presentFence(db: Db, c: Command): Promise<Positioned> {
+  // Target-list items are evaluated in order: the position is read after the function wrote.
+  const [row] = await db.sql<{ highest: string } & PositionRow>`
     SELECT fg_present_fence(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
-      ${c.bodySha256}, ${c.caller}, ${c.requestId})::text AS highest`
+      ${c.bodySha256}, ${c.caller}, ${c.requestId})::text AS highest,
+      pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
+      CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS fg_lsn,
+      extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot`
   const highest = row!.highest
-  return BigInt(highest) > BigInt(c.fence!) ? { kind: 'stale', highest } : { kind: 'proceed', highest }
+  const reservation: Reservation = BigInt(highest) > BigInt(c.fence!) ? { kind: 'stale', highest } : { kind: 'proceed', highest }
+  return { reservation, position: readPosition(row) }
 }
 
 function decide(row: ReserveRow, c: Command): Reservation {

@@ -57,6 +57,15 @@ export function connectionLost(err: StoreError): boolean {
   return err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? '')
 }
 
+/**
+ * Whether a live connection refused a write because its node is read-only: a hot standby
+ * (`25006`, or `0A000` for what a standby cannot do at all) or a primary set read-only. The
+ * statement changed nothing, so it may run again on the primary.
+ */
+export function refusedWrite(err: StoreError): boolean {
+  return err.sqlstate === '25006' || err.sqlstate === '0A000'
+}
+
 /** What becomes of the client a statement failed on (`connectPostgres` retires one that lost its connection). */
 export type FailedOn = (client: postgres.Sql, err: StoreError) => void
 
@@ -151,6 +160,7 @@ function inTransaction(tx: postgres.TransactionSql): Db {
 /**
  * One statement on the current client. A statement that lost its connection retires that
  * client; one that provably never reached a server is retried once, on the client current then.
+ * So is one a read-only node refused (a standby, after a failover).
  * One whose connection could not be had while the pool has live ones takes its turn on those
  * (src/store/slots.ts), as often as it takes.
  */
@@ -175,7 +185,8 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
         continue
       }
       failedOn(client, err)
-      if (sent || retried) throw err
+      // A write refused by a read-only node committed nothing: once more, on the client after it.
+      if ((sent && !refusedWrite(err)) || retried) throw err
       retried = true
     }
   }

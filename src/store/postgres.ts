@@ -1,7 +1,8 @@
 import { connect, Socket } from 'node:net'
 import postgres from 'postgres'
 import { storeUnlisten, toStoreError, StoreError, type Db } from './db.js'
-import { connectionLost, inFlight, pooled } from './postgres-pool.js'
+import { connectionLost, inFlight, pooled, refusedWrite } from './postgres-pool.js'
+import { createPrimaryFinder, readStoreHosts, type PrimaryFinder } from './primary.js'
 import { createSlotGate, heldCode, type SlotGate } from './slots.js'
 
 export interface PostgresOptions {
@@ -48,8 +49,11 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   const connectTimeoutMs = options.connectTimeoutMs ?? 1000
   const idleTimeoutS = 60
   const slots = createSlotGate(connectTimeoutMs, idleTimeoutS * 1000)
-  const gated = singleHost(url)
-  const open = (withSockets: boolean) => postgres(url, {
+  // Several hosts: fencegate picks the one each connection goes to (src/store/primary.ts).
+  const hosts = readStoreHosts(url)
+  const finder = hosts.hosts.length > 1 ? createPrimaryFinder(hosts, connectTimeoutMs) : undefined
+  const gated = Boolean(finder) || singleHost(url)
+  const open = (withSockets: boolean) => postgres(hosts.url, {
     max,
     // postgres.js takes seconds; fractions work (it multiplies by 1000 for its timer).
     connect_timeout: connectTimeoutMs / 1000,
@@ -63,7 +67,7 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
     ...(options.pooler === 'transaction' ? { max_pipeline: 1 } : {}),
     // A held pool's connections fail at once and hand their next queued statement on at once.
     backoff: () => (withSockets && slots.holding() ? 0 : reconnectDelaySeconds()),
-    ...(withSockets ? { socket: gatedSocket(slots) } : {}),
+    ...(withSockets ? { socket: gatedSocket(slots, finder) } : finder ? { socket: gatedSocket(undefined, finder) } : {}),
     onnotice: () => {},
     connection: { application_name: 'fencegate' },
   })
@@ -72,8 +76,10 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   let listener: postgres.Sql | undefined
   const draining = new Set<Promise<void>>()
   // A failure that lost its connection retires the client it ran on, once.
+  // So does a write refused by a read-only node (a standby, an old primary): the hosts are asked again.
   const failedOn = (failed: postgres.Sql, err: StoreError) => {
-    if (failed !== client || !connectionLost(err)) return
+    if (failed !== client || !(connectionLost(err) || refusedWrite(err))) return
+    finder?.forget()
     client = open(gated)
     const done = failed.end({ timeout: 5 }).catch(() => {}).then(() => void draining.delete(done))
     draining.add(done)
@@ -81,6 +87,7 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   const db = pooled(() => client, failedOn, slots, options.pooler === 'transaction' ? inFlight(max) : undefined)
   return {
     ...db,
+    // LISTEN follows the primary too: after a failover a standby's notifications never come.
     listen: (channel, onNotify, onReconnect) => listenOn((listener ??= open(false)), channel, onNotify, onReconnect),
     async close() {
       await Promise.all([client.end({ timeout: 5 }), listener?.end({ timeout: 5 }), ...draining])
@@ -103,23 +110,30 @@ interface SocketTarget {
 }
 
 /**
- * postgres.js's `socket` option for a single host (or Unix socket): a connection to it, as
- * postgres.js opens one itself, or, while the pool is held, a socket that fails with
- * `FENCEGATE_POOL_HELD` without touching the network. A URL of several hosts keeps
- * postgres.js's own sockets (its fail-over takes each host in turn per connection).
+ * postgres.js's `socket` option: a connection to the one host (or Unix socket), or to the host
+ * the finder picks among several, as postgres.js opens one itself. While the pool is held
+ * (`slots`), or when no host qualifies, a socket that fails at once without touching the
+ * network (`FENCEGATE_POOL_HELD`, `FENCEGATE_NO_PRIMARY`): the statement was never sent.
  */
-function gatedSocket(slots: SlotGate): (target: SocketTarget) => Socket {
-  return (target) => {
-    if (!slots.mayOpen()) {
-      const held = untilWritten(new Socket())
-      held.destroy(Object.assign(new Error('the pool opens no connection while the server refuses them'), { code: heldCode }))
-      return held
-    }
+function gatedSocket(slots: SlotGate | undefined, finder: PrimaryFinder | undefined): (target: SocketTarget) => Promise<Socket> {
+  return async (target) => {
+    if (slots && !slots.mayOpen()) return failedSocket(heldCode, 'the pool opens no connection while the server refuses them')
     if (target.path) return untilWritten(connect(target.path))
-    const socket = untilWritten(connect(target.port[0]!, target.host[0]))
+    const to = finder ? await finder.pick() : { host: target.host[0]!, port: target.port[0]! }
+    if (!to) return failedSocket(noPrimaryCode, 'no host of store.url is a writable primary')
+    const socket = untilWritten(connect(to.port, to.host))
     // As postgres.js's own sockets: under SSL it names the host for SNI from `socket.host`.
-    return Object.assign(socket, { host: target.host[0], port: target.port[0] })
+    return Object.assign(socket, { host: to.host, port: to.port })
   }
+}
+
+/** The driver code of a connection not opened because no host of the URL qualifies now. */
+export const noPrimaryCode = 'FENCEGATE_NO_PRIMARY'
+
+function failedSocket(code: string, message: string): Socket {
+  const failed = untilWritten(new Socket())
+  failed.destroy(Object.assign(new Error(message), { code }))
+  return failed
 }
 
 /**

@@ -1,4 +1,5 @@
 import type { Db } from './db.js'
+import { localDurability, type Durability } from './durability.js'
 import { bumpFence, type Bump, type BumpResult } from './fences.js'
 import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from './ordering.js'
 import { createCompleter, type Completion, type Schedule } from './completions.js'
@@ -69,6 +70,11 @@ export interface StoreOptions {
    * `setImmediate`: every completion of one event-loop turn shares a statement.
    */
   schedule?: Schedule
+  /**
+   * What the store can lose (src/store/durability.ts): every reservation is admitted by it
+   * and its WAL position observed before the command may be forwarded. Defaults to none checked.
+   */
+  durability?: Durability
 }
 
 // Timestamps are rendered by the database (ISO-8601, UTC, microseconds) so both drivers agree.
@@ -81,8 +87,14 @@ export interface StoreOptions {
  */
 export function createStore(db: Db, options: StoreOptions = {}): Store {
   const completer = createCompleter(db, options.schedule)
+  const durability = options.durability ?? localDurability
   return {
-    reserve: (command) => reserve(db, command),
+    async reserve(command) {
+      durability.admit()
+      const { reservation, position } = await durability.during(reserve(db, command))
+      await durability.observe(position)
+      return reservation
+    },
     complete: completer.complete,
     release: (held) => release(db, held),
     markUnknown: (held) => markUnknown(db, held),

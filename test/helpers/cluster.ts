@@ -1,6 +1,6 @@
 import { execFileSync, spawnSync } from 'node:child_process'
 import { spawn } from 'node:child_process'
-import { chmodSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, mkdtempSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -14,6 +14,8 @@ import postgres from 'postgres'
 export interface Cluster {
   url: string
   port: number
+  /** The directory holding `data` (the data directory) and `log`. */
+  dir: string
   /** The server's log; each line starts with its SQLSTATE (`log_line_prefix = '%e '`). */
   log: string
   /** `pg_ctl stop` with the given mode (`immediate` is a crash: no checkpoint, clients cut). */
@@ -27,7 +29,8 @@ export interface Cluster {
 /** The directory holding initdb and pg_ctl, or undefined when they are not installed. */
 export function postgresBinaries(): string | undefined {
   const onPath = spawnSync('sh', ['-c', 'command -v initdb'], { encoding: 'utf8' }).stdout.trim()
-  if (onPath) return join(onPath, '..')
+  // A link on PATH (Debian's /usr/local/bin/initdb) points into the directory with all the tools.
+  if (onPath) return join(realpathSync(onPath), '..')
   const base = '/usr/lib/postgresql'
   if (!existsSync(base)) return undefined
   const version = readdirSync(base).sort((a, b) => Number(b) - Number(a))[0]
@@ -40,7 +43,7 @@ const asRoot = process.getuid?.() === 0
 
 // No pipes: the server that `pg_ctl start` leaves running would hold them open, and the
 // call would wait for it to exit. Its output goes to the cluster's log file instead.
-function run(bin: string, args: string[]): void {
+export function run(bin: string, args: string[]): void {
   const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
   execFileSync(cmd, argv, { stdio: 'ignore' })
 }
@@ -57,19 +60,28 @@ export async function freePort(): Promise<number> {
 }
 
 /** Creates and starts a cluster; durable commits, as in production. `maxConnections` is the server's `max_connections` (100). */
-export async function startCluster(bin: string, options: { maxConnections?: number } = {}): Promise<Cluster> {
+export async function startCluster(bin: string, options: { maxConnections?: number; port?: number; settings?: string[]; checksums?: boolean } = {}): Promise<Cluster> {
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-cluster-'))
   chmodSync(dir, 0o777)
   const data = join(dir, 'data')
-  const port = await freePort()
-  run(join(bin, 'initdb'), ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-instructions'])
-  const opts = `-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=${options.maxConnections ?? 100} -c fsync=on -c log_line_prefix='%e '`
+  run(join(bin, 'initdb'), ['-D', data, '-U', 'postgres', '--auth=trust', '-E', 'UTF8', '--no-instructions', ...(options.checksums ? ['--data-checksums'] : [])])
+  return clusterIn(bin, dir, options.port ?? await freePort(), [`max_connections=${options.maxConnections ?? 100}`, ...(options.settings ?? [])])
+}
+
+/**
+ * Starts the cluster whose data directory is `dir/data` (made by initdb or pg_basebackup) on
+ * `port`, with `settings` (`name=value`) on its command line.
+ */
+export function clusterIn(bin: string, dir: string, port: number, settings: string[] = []): Cluster {
+  const data = join(dir, 'data')
+  const opts = [`-p ${port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=on -c log_line_prefix='%e '`, ...settings.map((s) => `-c ${s}`)].join(' ')
   const start = () => run(join(bin, 'pg_ctl'), ['-D', data, '-o', opts, '-l', join(dir, 'log'), '-w', '-t', '30', 'start'])
   start()
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
   return {
     url,
     port,
+    dir,
     log: join(dir, 'log'),
     stop: (mode = 'fast') => run(join(bin, 'pg_ctl'), ['-D', data, '-m', mode, '-w', 'stop']),
     start,

@@ -22,6 +22,7 @@ import { loadMigrations } from '../../store/migrations-fs.js'
 import { openPglite } from '../../store/pglite.js'
 import { connectPostgres, type PostgresOptions } from '../../store/postgres.js'
 import { createStore, type Store } from '../../store/store.js'
+import { localDurability, watchDurability, type Durability } from '../../store/durability.js'
 import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
 import { purgeOnce } from '../retention.js'
 
@@ -71,13 +72,15 @@ export async function startGateway(options: {
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const attest = await attestationSigner(config)
   const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max: config.store.max_connections })
+  const durability = await storeDurability(db, config, log)
   const metrics = createPromMetrics({
+    durability: () => durability.status().level,
     readGauges: () => readStoreGauges(db),
     ruleVersion: () => rules.current().version,
     onGaugeError: (err) => log.warn('metrics_gauges_failed', { store_code: storeCode(err) }),
   })
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
-  const store = instrument(createStore(db, { schedule: setImmediate }), metrics)
+  const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
   let rules: RuleRegistry
   try {
     rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })
@@ -89,7 +92,7 @@ export async function startGateway(options: {
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(db, { schedule: setImmediate }), metrics)
   const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
-  const admin = createAdminApp({ store, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, durability, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined
   try {
@@ -119,6 +122,7 @@ export async function startGateway(options: {
     store,
     async close(graceMs = 10_000) {
       clearInterval(purge)
+      durability.close()
       await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
       // Each part closes even when one before it failed: a store left open keeps the process alive.
       for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()]] as const) {
@@ -126,6 +130,20 @@ export async function startGateway(options: {
       }
     },
   }
+}
+
+/**
+ * What the store can lose: watched on PostgreSQL (src/store/durability.ts); the embedded
+ * store has no standby, so `store.require_replicated` cannot be met on it.
+ */
+async function storeDurability(db: Db, config: Config, log: Logger): Promise<Durability> {
+  if (db.kind === 'postgres') return watchDurability(db, { log, requireReplicated: config.store.require_replicated })
+  if (config.store.require_replicated) {
+    await db.close()
+    throw new ConfigError(['store.require_replicated: the embedded store has no standby; set store.url to a replicated PostgreSQL'])
+  }
+  log.warn('store_durability_local', { store: db.kind })
+  return localDurability
 }
 
 /** A Hono app's `fetch`. */

@@ -16,6 +16,8 @@ export interface PromMetricsOptions {
   readGauges?: () => Promise<StoreGauges>
   /** The version of the rules requests are judged by now, read once per scrape. */
   ruleVersion?: () => number
+  /** The store's durability level now (src/store/durability.ts), read once per scrape. */
+  durability?: () => 'replicated' | 'local' | 'unknown'
   onGaugeError?: (err: unknown) => void
 }
 
@@ -34,6 +36,14 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const registers = [registry]
   collectDefaultMetrics({ register: registry })
   const ruleVersion = options.ruleVersion
+  // 1 for the level the store stands on now, 0 for the others (src/store/durability.ts).
+  if (options.durability) {
+    const durability = options.durability
+    new Gauge({ name: 'fencegate_store_durability', help: 'What the store can lose: 1 for the current level (replicated: a synchronous standby confirms commits; local; unknown)', labelNames: ['level'], registers, collect() {
+      const now = durability()
+      for (const level of ['replicated', 'local', 'unknown'] as const) this.set({ level }, level === now ? 1 : 0)
+    } })
+  }
   if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
   const refreshGauges = storeGauges(registers, options)
   const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })

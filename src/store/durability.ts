@@ -1,0 +1,178 @@
+import type { Logger } from '../observe/log.js'
+import { StoreError, type Db } from './db.js'
+import { compareLsn, forkPoint, readPosition, readStoreState, type StoreState, type WalPosition } from './wal.js'
+
+/**
+ * What the store can lose, and the refusals that follow from it.
+ *
+ * A commit is only as safe as its replication: with asynchronous standbys a failover forgets
+ * what the primary confirmed last, and a forgotten fence or key lets a stale worker write
+ * again. So the gateway reads (about once a second) whether its commits wait for a standby,
+ * and remembers the WAL position of the last write it acknowledged. Every command statement
+ * returns its timeline and the server's start time (src/store/wal.ts); when either changed,
+ * the command waits for a check before anything is forwarded:
+ * - another system identifier: a different cluster behind the address (`store_identity_changed`);
+ * - a new timeline whose fork point is at or below the last acknowledged write: the
+ *   failover lost commits this gateway confirmed (`store_lost_commits`);
+ * - the same timeline after a restart, with the WAL behind that write: lost the same way.
+ * Each of these refuses every command until the gateway is restarted. A failover that lost
+ * nothing is logged (`store_failover`) and served at once.
+ */
+
+export type DurabilityLevel = 'replicated' | 'local' | 'unknown'
+
+/** Why commands are refused while the store is up. */
+export type DurabilityRefusalCode = 'store_not_replicated' | 'store_identity_changed' | 'store_lost_commits'
+
+/** A refusal of the store's durability: nothing was forwarded. */
+export class DurabilityRefusal extends Error {
+  override name = 'DurabilityRefusal'
+  constructor(readonly code: DurabilityRefusalCode, readonly detail: string) {
+    super(detail)
+  }
+}
+
+export interface DurabilityStatus {
+  level: DurabilityLevel
+  /** Set while every command is refused. */
+  refusing?: DurabilityRefusalCode
+  timeline?: number
+}
+
+export interface Durability {
+  status(): DurabilityStatus
+  /** Throws a DurabilityRefusal when no command may be served now. */
+  admit(): void
+  /** `pending`, or a DurabilityRefusal when replication is lost while it waits (require_replicated only). */
+  during<T>(pending: Promise<T>): Promise<T>
+  /** A command statement's position; resolves once any change it shows is checked (throws a DurabilityRefusal). */
+  observe(position: WalPosition | undefined): Promise<void>
+  close(): void
+}
+
+/** The durability of a store that cannot lose a write to a failover it does not have (PGlite), or of none checked. */
+export const localDurability: Durability = {
+  status: () => ({ level: 'local' }),
+  admit() {},
+  during: (pending) => pending,
+  observe: async () => {},
+  close() {},
+}
+
+export interface DurabilityOptions {
+  log: Logger
+  /** `store.require_replicated`: refuse commands while durability is not `replicated`. */
+  requireReplicated: boolean
+  /** How often the store's replication is read (1000 ms). */
+  everyMs?: number
+  /** How long a reading may take before it counts as unknown (1000 ms). */
+  readTimeoutMs?: number
+}
+
+/**
+ * Watches a PostgreSQL store's durability. Resolves after the first reading, which is logged
+ * as a warning (`store_durability_local`) when commits wait for no standby.
+ *
+ * @example
+ * const durability = await watchDurability(db, { log, requireReplicated: config.store.require_replicated })
+ * durability.status() // { level: 'replicated', timeline: 2 }
+ */
+export async function watchDurability(db: Db, options: DurabilityOptions): Promise<Durability> {
+  const { log, requireReplicated } = options
+  const readTimeoutMs = options.readTimeoutMs ?? 1000
+  let level: DurabilityLevel = 'unknown'
+  let refusal: DurabilityRefusal | undefined
+  let known: StoreState | undefined
+  let acked: string | undefined
+  let checking: Promise<void> | undefined
+  const waiters = new Set<(err: DurabilityRefusal) => void>()
+  const notReplicated = () => new DurabilityRefusal('store_not_replicated', 'store.require_replicated is set and no synchronous standby confirms commits now; nothing was forwarded')
+
+  const refuse = (code: 'store_identity_changed' | 'store_lost_commits', detail: string, fields: Record<string, string | number>) => {
+    refusal ??= new DurabilityRefusal(code, detail)
+    log.error(code, fields)
+  }
+  const setLevel = (next: DurabilityLevel) => {
+    if (next === level) return
+    const before = level
+    level = next
+    if (before !== 'unknown' || next === 'local') log[next === 'replicated' ? 'info' : 'warn'](next === 'local' && before === 'unknown' ? 'store_durability_local' : 'store_durability_changed', { from: before, to: next })
+    if (requireReplicated && next !== 'replicated') for (const fail of waiters) fail(notReplicated())
+  }
+
+  /** A change of timeline or boot seen by a reading or a command: judged once, in turn. */
+  const judge = (seen: StoreState) => (checking = (checking ?? Promise.resolve()).then(async () => {
+    if (refusal || !known) return
+    if (seen.systemId !== known.systemId) {
+      return refuse('store_identity_changed', 'the store is another cluster than the one this gateway started on; restart the gateway once that is intended', { from: known.systemId, to: seen.systemId })
+    }
+    if (seen.timeline !== known.timeline) {
+      const fork = await forkPoint(db, known.timeline, seen.timeline)
+      if (acked && (fork === undefined || compareLsn(acked, fork) >= 0)) {
+        return refuse('store_lost_commits', 'the store failed over to a standby that lacks commits this gateway acknowledged; nothing is served until the gateway is restarted', { from_timeline: known.timeline, to_timeline: seen.timeline, acknowledged_lsn: acked, fork_lsn: fork ?? 'unknown' })
+      }
+      log.warn('store_failover', { from_timeline: known.timeline, to_timeline: seen.timeline, fork_lsn: fork ?? 'unknown' })
+      acked = undefined
+    } else if (seen.boot !== known.boot && acked && compareLsn(seen.insertLsn, acked) < 0) {
+      return refuse('store_lost_commits', 'the store restarted without commits this gateway acknowledged (synchronous_commit off?); nothing is served until the gateway is restarted', { timeline: seen.timeline, acknowledged_lsn: acked, insert_lsn: seen.insertLsn })
+    }
+    known = seen
+  }).finally(() => (checking = undefined)))
+
+  const read = async () => {
+    const state = await withTimeout(readStoreState(db), readTimeoutMs)
+    if (!state) return setLevel('unknown')
+    if (!known) known = state
+    else if (state.systemId !== known.systemId || state.timeline !== known.timeline || state.boot !== known.boot) await judge(state)
+    setLevel(state.replicated ? 'replicated' : 'local')
+  }
+  await read().catch(() => setLevel('unknown'))
+  const timer = setInterval(() => void read().catch(() => setLevel('unknown')), options.everyMs ?? 1000)
+  timer.unref?.()
+
+  return {
+    status: () => ({ level, ...(refusal ? { refusing: refusal.code } : requireReplicated && level !== 'replicated' ? { refusing: 'store_not_replicated' as const } : {}), ...(known ? { timeline: known.timeline } : {}) }),
+    admit() {
+      if (refusal) throw refusal
+      if (requireReplicated && level !== 'replicated') throw notReplicated()
+    },
+    during(pending) {
+      if (!requireReplicated) return pending
+      return new Promise((resolve, reject) => {
+        waiters.add(reject)
+        pending.then(resolve, reject).finally(() => waiters.delete(reject))
+      })
+    },
+    async observe(position) {
+      if (!position) return
+      if (checking || !known || position.timeline !== known.timeline || position.boot !== known.boot) {
+        if (known && !checking && (position.timeline !== known.timeline || position.boot !== known.boot)) {
+          const state = await readStoreState(db)
+          if (state) await judge(state)
+        }
+        await checking
+      }
+      if (refusal) throw refusal
+      if (position.lsn && known && position.timeline === known.timeline && (!acked || compareLsn(position.lsn, acked) > 0)) acked = position.lsn
+    },
+    close: () => clearInterval(timer),
+  }
+}
+
+/** `pending`'s value, or undefined when it takes longer than `ms` (its failure counts the same). */
+async function withTimeout<T>(pending: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const late = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms)
+  })
+  try {
+    return await Promise.race([pending.catch((err: unknown) => {
+      if (err instanceof StoreError) return undefined
+      throw err
+    }), late])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+export { readPosition, type WalPosition }

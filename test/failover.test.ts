@@ -1,0 +1,244 @@
+import { afterEach, describe, expect, it } from 'vitest'
+import type { Logger } from '../src/observe/log.js'
+import { openDb, startGateway, type RunningGateway } from '../src/runtime/node/gateway.js'
+import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
+import { post, route, testConfig } from './helpers/gateway.js'
+import { startPair, type ReplicatedPair } from './helpers/replicated.js'
+import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+
+/**
+ * A primary that fails over, on real clusters: a primary and a streaming hot standby made by
+ * `pg_basebackup -R -C -S`, killed with `pg_ctl stop -m immediate`, promoted with
+ * `pg_ctl promote`, rejoined with `pg_rewind`. One gateway process (in this test's process)
+ * carries on through each, with the libpq multi-host URL listing the standby first; the
+ * recording upstream is the oracle of what was executed.
+ *
+ * No bound on time is asserted: a scenario waits (in bounded polls) for what must happen,
+ * and prints how long it took.
+ */
+const bin = postgresBinaries()
+
+interface LogLine {
+  level: string
+  event: string
+  fields: Record<string, unknown>
+}
+
+function recordingLog(lines: LogLine[]): Logger {
+  const at = (level: string) => (event: string, fields: Record<string, unknown> = {}) => void lines.push({ level, event, fields })
+  return { debug: () => {}, info: at('info'), warn: at('warn'), error: at('error') }
+}
+
+/** Commands with rising fences on `entities`, each keyed by entity and fence, until stopped. */
+function load(gw: RunningGateway, entities: string[]) {
+  const acked = new Map<string, number>()
+  const keys = new Map<string, { entity: string; fence: number }>()
+  const answers = new Map<string, number>()
+  let stopping = false
+  let after: number | undefined
+  const servedAfter = new Map<string, number>()
+  const loops = entities.map(async (entity) => {
+    for (let fence = 1; !stopping; fence++) {
+      const key = `${entity}-${fence}`
+      const res = await post(`${gw.dataUrl}/payments/${entity}/capture`, String(fence), { headers: { 'idempotency-key': key } })
+      const answer = res.status === 200 ? '200' : `${res.status}:${res.json?.code}`
+      answers.set(answer, (answers.get(answer) ?? 0) + 1)
+      if (res.status === 200) {
+        acked.set(entity, fence)
+        keys.set(key, { entity, fence })
+        if (after !== undefined) servedAfter.set(entity, (servedAfter.get(entity) ?? 0) + 1)
+      } else {
+        fence-- // the same fence and key again: a retry
+        await new Promise((resolve) => setTimeout(resolve, 20))
+      }
+    }
+  })
+  return {
+    acked,
+    keys,
+    answers,
+    /** From now on, count what is served. */
+    mark: () => void (after = performance.now()),
+    servedAfter,
+    /** Resolves when every entity has `n` more acknowledged commands since `mark` (polls, bounded). */
+    async served(n: number, tries = 600) {
+      for (let i = 0; entities.some((e) => (servedAfter.get(e) ?? 0) < n); i++) {
+        if (i >= tries) throw new Error(`not served again: ${JSON.stringify([...answers])}`)
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+    },
+    async stop() {
+      stopping = true
+      await Promise.all(loops)
+    },
+  }
+}
+
+async function until(what: string, check: () => Promise<boolean>, tries = 400): Promise<void> {
+  for (let i = 0; !(await check()); i++) {
+    if (i >= tries) throw new Error(`never: ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+}
+
+describe.skipIf(!bin)('a store that fails over', () => {
+  let pair: ReplicatedPair | undefined
+  let clusters: Cluster[] = []
+  let gateways: RunningGateway[] = []
+  let upstream: TestUpstream
+  const executions = new Map<string, number>()
+
+  const start = async (url: string, lines: LogLine[], store: Record<string, unknown> = {}) => {
+    upstream ??= await startUpstream((req, res) => {
+      const key = String(req.headers['idempotency-key'])
+      executions.set(key, (executions.get(key) ?? 0) + 1)
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ key }))
+    })
+    const config = testConfig([route(upstream.url, { idempotency: 'optional', timeout_ms: 2000, idempotency_lock: '3s' })], {
+      server: { port: 0, admin_port: 0 }, store: { connect_timeout: '1s', ...store },
+    })
+    const gw = await startGateway({ config, databaseUrl: url, log: recordingLog(lines) })
+    gateways.push(gw)
+    return gw
+  }
+  const health = async (gw: RunningGateway) => {
+    const res = await fetch(`${gw.adminUrl}/health`)
+    return { http: res.status, ...(await res.json() as { durability: string; refusing?: string }) }
+  }
+
+  afterEach(async () => {
+    await Promise.all(gateways.map((g) => g.close(1000)))
+    gateways = []
+    pair?.destroy()
+    pair = undefined
+    for (const c of clusters) c.destroy()
+    clusters = []
+    executions.clear()
+  })
+
+  it('synchronous replication: a kill-and-promote loses no acknowledged fence, executes no key twice, and the same gateway serves on the new primary', async () => {
+    pair = await startPair(bin!, { sync: true })
+    const lines: LogLine[] = []
+    // The standby is listed first: the gateway still writes only to the primary.
+    const gw = await start(pair.url, lines)
+    expect(await health(gw)).toMatchObject({ http: 200, durability: 'replicated' })
+    const run = load(gw, ['a', 'b', 'c', 'd'])
+    await until('commands acknowledged', async () => [...run.acked.values()].length === 4 && Math.min(...run.acked.values()) >= 5)
+
+    pair.primary.stop('immediate')
+    pair.promote()
+    const promoted = performance.now()
+    run.mark()
+    await run.served(3)
+    console.log(`served on the promoted standby ${Math.round(performance.now() - promoted)} ms after pg_ctl promote returned; answers ${JSON.stringify([...run.answers])}`)
+    await run.stop()
+
+    // Every acknowledged fence survived: one below it is refused.
+    for (const [entity, fence] of run.acked) {
+      const stale = await post(`${gw.dataUrl}/payments/${entity}/capture`, String(fence - 1))
+      expect(stale.status, `${entity} at ${fence - 1}`).toBe(409)
+      expect(stale.json.code).toBe('stale_fence')
+    }
+    // Every acknowledged key is replayed, never executed again.
+    for (const [key, { entity, fence }] of run.keys) {
+      const again = await post(`${gw.dataUrl}/payments/${entity}/capture`, String(fence), { headers: { 'idempotency-key': key } })
+      if (fence === run.acked.get(entity)) expect(again.status, key).toBe(200)
+      expect(executions.get(key), key).toBe(1)
+    }
+    expect([...run.answers.keys()].every((a) => ['200', '503:store_unavailable', '409:request_in_progress', '502:outcome_unknown'].includes(a)), JSON.stringify([...run.answers])).toBe(true)
+    expect(lines.find((l) => l.event === 'store_failover')?.fields).toMatchObject({ from_timeline: 1, to_timeline: 2 })
+    expect(lines.some((l) => l.event === 'store_lost_commits')).toBe(false)
+    // The promoted standby has no standby of its own.
+    await until('durability reads local', async () => (await health(gw)).durability === 'local')
+
+    // The old primary rejoins as a standby of the new one (pg_rewind) and is never written:
+    // the same gateway and a new one, with it listed, serve on the new primary.
+    await pair.rejoin(pair.primary, pair.standby)
+    await pair.streaming(pair.standby)
+    const second = await start(`postgres://postgres@127.0.0.1:${pair.primary.port},127.0.0.1:${pair.standby.port}/postgres`, [])
+    for (const target of [gw, second]) {
+      const next = await post(`${target.dataUrl}/payments/a/capture`, String(run.acked.get('a')! + (target === gw ? 1 : 2)))
+      expect(next.status).toBe(200)
+    }
+    const onOld = await pair.query<{ recovery: boolean }>(pair.primary, 'SELECT pg_is_in_recovery() AS recovery')
+    expect(onOld[0]!.recovery).toBe(true)
+  })
+
+  it('asynchronous replication with the standby cut off: the failover really loses acknowledged commits, and the gateway refuses instead of forwarding', async () => {
+    pair = await startPair(bin!, { sync: false })
+    const lines: LogLine[] = []
+    const gw = await start(pair.url, lines)
+    expect(await health(gw)).toMatchObject({ http: 200, durability: 'local' })
+    expect(lines.some((l) => l.event === 'store_durability_local' && l.level === 'warn')).toBe(true)
+    await pair.cut()
+    const run = load(gw, ['a', 'b', 'c'])
+    await until('commands acknowledged', async () => [...run.acked.values()].length === 3 && Math.min(...run.acked.values()) >= 5)
+    await run.stop()
+
+    pair.primary.stop('immediate')
+    pair.promote()
+    const forwarded = upstream.received.length
+    // The loss is real: the promoted standby lacks fences the gateway acknowledged.
+    const kept = await pair.query<{ entity: string; highest: string }>(pair.standby, 'SELECT entity, highest_fence::text AS highest FROM fg_fences')
+    for (const [entity, fence] of run.acked) {
+      expect(Number(kept.find((k) => k.entity === `invoice:${entity}`)?.highest ?? 0), entity).toBeLessThan(fence)
+    }
+    // A command the lost fence would have refused is refused, and so is every other.
+    for (const [entity, fence] of run.acked) {
+      const stale = await post(`${gw.dataUrl}/payments/${entity}/capture`, String(fence - 1))
+      expect(stale.status, entity).toBe(503)
+      if (stale.json.code !== 'store_unavailable') expect(stale.json.code).toBe('store_lost_commits')
+    }
+    await until('store_lost_commits', async () => (await post(`${gw.dataUrl}/payments/a/capture`, '1')).json?.code === 'store_lost_commits')
+    expect(upstream.received.length).toBe(forwarded)
+    expect(lines.find((l) => l.event === 'store_lost_commits')?.fields).toMatchObject({ from_timeline: 1, to_timeline: 2 })
+    expect(await health(gw)).toMatchObject({ http: 503, refusing: 'store_lost_commits' })
+  })
+
+  it('store.require_replicated: with the synchronous standby stopped nothing is forwarded, and commands are served again when it streams', async () => {
+    pair = await startPair(bin!, { sync: true })
+    const gw = await start(pair.url, [], { require_replicated: true })
+    expect((await post(`${gw.dataUrl}/payments/a/capture`, '1')).status).toBe(200)
+    const forwarded = upstream.received.length
+    pair.standby.stop('fast')
+    const stopped = performance.now()
+    // Commits now wait for a standby that is gone: the command is answered, not forwarded.
+    const waiting = await post(`${gw.dataUrl}/payments/a/capture`, '2')
+    console.log(`a command waiting for the stopped standby was answered ${waiting.status} ${waiting.json?.code} after ${Math.round(performance.now() - stopped)} ms`)
+    expect(waiting.status).toBe(503)
+    expect(waiting.json.code).toBe('store_not_replicated')
+    expect(waiting.headers.get('retry-after')).toBe('1')
+    const refused = await post(`${gw.dataUrl}/payments/b/capture`, '1')
+    expect(refused.json.code).toBe('store_not_replicated')
+    expect(await health(gw)).toMatchObject({ http: 503, durability: 'local', refusing: 'store_not_replicated' })
+    expect(upstream.received.length).toBe(forwarded)
+
+    pair.standby.start()
+    await until('served again', async () => (await post(`${gw.dataUrl}/payments/c/capture`, '1')).status === 200)
+    expect(await health(gw)).toMatchObject({ http: 200, durability: 'replicated' })
+  })
+
+  it('another cluster behind the same address is refused until the gateway restarts', async () => {
+    const first = await startCluster(bin!)
+    clusters.push(first)
+    const lines: LogLine[] = []
+    const gw = await start(first.url, lines)
+    expect((await post(`${gw.dataUrl}/payments/a/capture`, '5')).status).toBe(200)
+    const forwarded = upstream.received.length
+    first.stop('fast')
+    // A restored backup or a wrong DNS entry: another cluster, with the schema, on the same port.
+    const other = await startCluster(bin!, { port: first.port })
+    clusters.push(other)
+    await (await openDb(other.url, '')).close()
+    const answers: string[] = []
+    await until('store_identity_changed', async () => {
+      const res = await post(`${gw.dataUrl}/payments/a/capture`, '1')
+      answers.push(`${res.status}:${res.json?.code}`)
+      return res.json?.code === 'store_identity_changed'
+    })
+    expect(upstream.received.length, JSON.stringify(answers)).toBe(forwarded)
+    expect(lines.some((l) => l.event === 'store_identity_changed')).toBe(true)
+    expect(await health(gw)).toMatchObject({ http: 503, refusing: 'store_identity_changed' })
+  })
+})
