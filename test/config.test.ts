@@ -66,7 +66,7 @@ describe('parseConfig defaults', () => {
       max_header_bytes: 16 * 1024,
     })
     expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
-    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20 })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
     expect(config.store.url).toBeUndefined()
     expect(config.log).toEqual({ level: 'info' })
     expect(config.routes).toHaveLength(1)
@@ -102,7 +102,7 @@ describe('parseConfig defaults', () => {
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
     expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384 })
-    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20 })
+    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
   })
 
   it('accepts the fencegate.example.yaml shape', () => {
@@ -420,7 +420,7 @@ describe('${VAR} expansion', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL}, data_dir: .fencegate }\n${routeYaml()}`, {
       DATABASE_URL: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require',
     })
-    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20 })
+    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
   })
 
   it('expands a value containing "," and "}" inside a flow mapping without breaking it', () => {
@@ -428,7 +428,7 @@ describe('${VAR} expansion', () => {
       DATABASE_URL: 'postgres://h/db?options=a,b}',
       DIR: '/var/lib/fg, x',
     })
-    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x', connect_timeout: 1000, pooler: 'none', max_connections: 20 })
+    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
   })
 
   it('expands a variable inside a longer string', () => {
@@ -467,7 +467,7 @@ describe('${VAR} expansion', () => {
 
   it('${VAR:-} inside a flow mapping also leaves store.url absent', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL:-}, data_dir: .fencegate }\n${routeYaml()}`, {})
-    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20 })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
   })
 
   it('an unset ${VAR} is an error naming the variable and the field', () => {

@@ -262,7 +262,7 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     const entity = await send('/_admin/entities/invoice:6', { method: 'GET', scope: 'fencegate:admin' })
     expect(entity.json).toMatchObject({ entity: 'invoice:6', highest_fence: '3' })
     expect((await send('/_admin/audit', { method: 'GET' })).json).toMatchObject({ status: 403, code: 'insufficient_scope' })
-    expect((await send('/_admin/health', { method: 'GET', token: null })).json).toEqual({ status: 'ok', store: 'up' })
+    expect((await send('/_admin/health', { method: 'GET', token: null })).json).toEqual({ status: 'ok', store: 'up', durability: 'local' })
     // No metrics on Workers: there is no process to keep counters in between requests.
     expect((await send('/_admin/metrics', { method: 'GET', scope: 'fencegate:admin' })).json).toMatchObject({ status: 404, code: 'not_found' })
   })

@@ -120,7 +120,7 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
     expect(audit.json.items).toMatchObject([{ tenant: 'acme', entity: 'invoice:42', request_id: 'stale-2' }])
     expect((await send(w, ctx, '/_admin/audit', { method: 'GET' })).json.code).toBe('insufficient_scope')
     const health = await w.fetch(new Request('https://gateway.example/_admin/health'), ctx)
-    expect(await health.json()).toEqual({ status: 'ok', store: 'up' })
+    expect(await health.json()).toEqual({ status: 'ok', store: 'up', durability: 'local' })
     await w.close()
 
     w = await createWorker(env())

@@ -29,7 +29,13 @@ export const problemSchema = z.object({
   request_id: z.string().optional().describe('The X-Request-Id of the request, also sent as that header'),
 }).catchall(z.unknown()).describe('Extension members (entity, presented_fence, highest_fence, parameter, reason, ...) depend on the code')
 
-export const healthSchema = z.object({ status: z.enum(['ok', 'unavailable']), store: z.enum(['up', 'down']) }).strict()
+export const healthSchema = z.object({
+  status: z.enum(['ok', 'unavailable']),
+  store: z.enum(['up', 'down']),
+  // What the store can lose, and why every command is refused while it is (docs/operations.md#failover).
+  durability: z.enum(['replicated', 'local', 'unknown']),
+  refusing: z.enum(['store_not_replicated', 'store_identity_changed', 'store_lost_commits']).optional(),
+}).strict()
 
 export const auditPageSchema = z.object({
   items: z.array(z.object({
@@ -173,7 +179,7 @@ function buildDocument() {
 function readPaths() {
   const tenantQuery = queryParameters(tenantQuerySchema)
   return {
-    '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up'), 503: json('Health', 'The store is down') } } },
+    '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up and commands are served'), 503: json('Health', 'The store is down, or every command is refused for what it can lose') } } },
     '/audit': {
       get: {
         summary: 'The audit trail of rejected commands, newest first: one JSON page, or every matching row streamed as NDJSON or CSV',
