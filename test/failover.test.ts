@@ -96,7 +96,7 @@ describe.skipIf(!bin)('a store that fails over', () => {
       res.end(JSON.stringify({ key }))
     })
     const config = testConfig([route(upstream.url, { idempotency: 'optional', timeout_ms: 2000, idempotency_lock: '3s' })], {
-      server: { port: 0, admin_port: 0 }, store: { connect_timeout: '1s', ...store },
+      server: { port: 0, admin_port: 0 }, store: { connect_timeout: '1s', ...store }, job_types: [{ name: 'report', lease: '45s' }],
     })
     const gw = await startGateway({ config, databaseUrl: url, log: recordingLog(lines) })
     gateways.push(gw)
@@ -165,13 +165,37 @@ describe.skipIf(!bin)('a store that fails over', () => {
     expect(onOld[0]!.recovery).toBe(true)
   })
 
+  it('an old primary that turned read-only is left for the writable host of the URL: the refused write committed nothing and runs again there', async () => {
+    pair = await startPair(bin!, { sync: true })
+    const lines: LogLine[] = []
+    // The primary first, as a URL written before the failover would name it.
+    const gw = await start(`postgres://postgres@127.0.0.1:${pair.primary.port},127.0.0.1:${pair.standby.port}/postgres`, lines)
+    expect((await post(`${gw.dataUrl}/payments/a/capture`, '1')).status).toBe(200)
+    await pair.query(pair.primary, 'ALTER SYSTEM SET default_transaction_read_only = on')
+    await pair.query(pair.primary, 'SELECT pg_reload_conf()')
+    // No host is writable now: refused, not forwarded.
+    const forwarded = upstream.received.length
+    await until('refused while no host is writable', async () => (await post(`${gw.dataUrl}/payments/a/capture`, '2')).json?.code === 'store_unavailable')
+    expect(upstream.received.length).toBe(forwarded)
+    pair.promote()
+    await until('served on the promoted standby', async () => (await post(`${gw.dataUrl}/payments/a/capture`, '2')).status === 200)
+    expect(lines.find((l) => l.event === 'store_failover')?.fields).toMatchObject({ from_timeline: 1, to_timeline: 2 })
+    const fences = await pair.query<{ highest: string }>(pair.standby, `SELECT highest_fence::text AS highest FROM fg_fences WHERE entity = 'invoice:a'`)
+    expect(fences[0]!.highest).toBe('2')
+  })
+
   it('asynchronous replication with the standby cut off: the failover really loses acknowledged commits, and the gateway refuses instead of forwarding', async () => {
     pair = await startPair(bin!, { sync: false })
     const lines: LogLine[] = []
     const gw = await start(pair.url, lines)
     expect(await health(gw)).toMatchObject({ http: 200, durability: 'local' })
     expect(lines.some((l) => l.event === 'store_durability_local' && l.level === 'warn')).toBe(true)
+    const job = async (path: string, body: unknown) => post(`${gw.dataUrl}/_fencegate/jobs${path}`, undefined, { body: JSON.stringify(body) })
+    expect((await job('', { type: 'report', key: 'august' })).status).toBe(201)
     await pair.cut()
+    // A claim the standby never sees: its fence could go to a second worker after the failover.
+    const first = await job('/claim', { worker_id: 'w1' })
+    expect(first.json.fence).toBe('1')
     const run = load(gw, ['a', 'b', 'c'])
     await until('commands acknowledged', async () => [...run.acked.values()].length === 3 && Math.min(...run.acked.values()) >= 5)
     await run.stop()
@@ -179,6 +203,14 @@ describe.skipIf(!bin)('a store that fails over', () => {
     pair.primary.stop('immediate')
     pair.promote()
     const forwarded = upstream.received.length
+    // The first statement on the promoted standby is a claim: refused, not fence 1 again.
+    let second = await job('/claim', { worker_id: 'w2' })
+    for (let i = 0; second.json?.code === 'store_unavailable' && i < 100; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      second = await job('/claim', { worker_id: 'w2' })
+    }
+    expect(second.status, JSON.stringify(second.json)).toBe(503)
+    expect(second.json.code).toBe('store_lost_commits')
     // The loss is real: the promoted standby lacks fences the gateway acknowledged.
     const kept = await pair.query<{ entity: string; highest: string }>(pair.standby, 'SELECT entity, highest_fence::text AS highest FROM fg_fences')
     for (const [entity, fence] of run.acked) {

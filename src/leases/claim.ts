@@ -1,6 +1,7 @@
 import type { JobType } from '../config/schema.js'
 import { inlined, retryRolledBack, withInlined, type Db } from '../store/db.js'
 import { typesJson } from './job-types.js'
+import type { PositionRow } from '../store/wal.js'
 
 // The claim: the only statement that reads the queue. Its cost must not grow with the
 // queue's depth, so each candidate kind is one index scan in claim order that stops at
@@ -31,6 +32,9 @@ export interface Claimed {
   reclaimed: boolean
 }
 
+/** A claimed row with where the claim left the WAL (src/store/wal.ts): a claim issues fences, which a lossy failover could issue again. */
+export type ClaimedRow = Claimed & PositionRow
+
 /** The most jobs one claim statement takes. */
 export const maxClaimBatch = 100
 
@@ -54,7 +58,7 @@ export interface ClaimRequest {
  * const jobs = await claimJobs(db, { tenant: 'default', workerId: 'w1', types: config.job_types, max: 10 })
  * for (const job of jobs.filter((j) => j.state === 'running')) console.log(job.job_id, job.fence)
  */
-export async function claimJobs(db: Db, c: ClaimRequest): Promise<Claimed[]> {
+export async function claimJobs(db: Db, c: ClaimRequest): Promise<ClaimedRow[]> {
   const max = c.max ?? 1
   if (!Number.isInteger(max) || max < 1 || max > maxClaimBatch) throw new RangeError(`max must be an integer from 1 to ${maxClaimBatch}`)
   if (c.types.length === 0) return []
@@ -74,8 +78,8 @@ export async function claimJobs(db: Db, c: ClaimRequest): Promise<Claimed[]> {
  * The common case, one job of one type, with every limit a constant: its generic plan
  * is as good as a custom one, so PostgreSQL plans it once per connection, not per claim.
  */
-async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobType): Promise<Claimed | undefined> {
-  const [row] = await db.sql<Claimed>`
+async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobType): Promise<ClaimedRow | undefined> {
+  const [row] = await db.sql<ClaimedRow>`
     WITH due AS (
       SELECT id, run_after AS at, false AS reclaimed FROM fg_jobs
       WHERE tenant = ${tenant} AND type = ${t.name} AND state = 'queued' AND run_after <= now()
@@ -102,7 +106,9 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
     RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state, c.reclaimed, j.cursor_length,
               to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
               ${t.lease}::integer AS lease_ms,
-              floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms`
+              floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms,
+              pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal, pg_current_wal_insert_lsn()::text AS fg_lsn,
+              extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot`
   return row
 }
 
@@ -113,11 +119,11 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
  * constant `LIMIT 100` tells the planner how few rows reach the update, so even a
  * generic plan finds them by primary key rather than hashing the table.
  */
-async function claimBatch(db: Db, tenant: string, workerId: string, types: JobType[], max: number): Promise<Claimed[]> {
+async function claimBatch(db: Db, tenant: string, workerId: string, types: JobType[], max: number): Promise<ClaimedRow[]> {
   // `max` is written into the text: bound, it kept PostgreSQL planning this statement on
   // every call (362 µs of planning to 401 µs of execution at 20,000 queued).
   const limit = inlined(max)
-  return withInlined<Claimed>(db)`
+  return withInlined<ClaimedRow>(db)`
     WITH types AS (
       SELECT * FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer)
     ), candidate AS (
@@ -149,6 +155,9 @@ async function claimBatch(db: Db, tenant: string, workerId: string, types: JobTy
     SELECT id::text AS job_id, type, payload, fence::text AS fence, attempt, state, reclaimed, cursor_length,
            to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
            lease_ms::integer AS lease_ms,
-           floor(extract(epoch FROM (lease_until - now())) * 1000)::integer AS lease_remaining_ms
+           floor(extract(epoch FROM (lease_until - now())) * 1000)::integer AS lease_remaining_ms,
+           -- Read once the update has run: the row is pulled from it after its write.
+           pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal, pg_current_wal_insert_lsn()::text AS fg_lsn,
+           extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot
     FROM claimed ORDER BY at, id`
 }

@@ -1,7 +1,9 @@
 import type { JobType } from '../config/schema.js'
 import type { Schedule } from '../store/batch.js'
 import type { Db } from '../store/db.js'
-import { claimJobs, type Claimed, type ClaimRequest } from './claim.js'
+import { claimJobs, type Claimed, type ClaimedRow, type ClaimRequest } from './claim.js'
+import { localDurability, type Durability } from '../store/durability.js'
+import { compareLsn, readPosition, type WalPosition } from '../store/wal.js'
 import { createJobCompleter, type CompletionAudit } from './complete.js'
 import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
@@ -61,8 +63,24 @@ export async function startJob(db: Db, s: { tenant: string; type: string; key: s
  * Claims the earliest claimable job of the given types (see {@link claimJobs}); a job
  * out of attempts (or cancelled) comes back finished instead, and the caller claims again.
  */
-export async function claimOne(db: Db, c: { tenant: string; workerId: string; types: JobType[] }): Promise<Claimed | undefined> {
+export async function claimOne(db: Db, c: { tenant: string; workerId: string; types: JobType[] }): Promise<ClaimedRow | undefined> {
   return (await claimJobs(db, { ...c, max: 1 }))[0]
+}
+
+/**
+ * A claim admitted by the store's durability (src/store/durability.ts) and observed before
+ * its fences are handed out: after a failover that lost claims, the same fence could go to
+ * a second worker. The position columns stay here.
+ */
+async function durableClaim(durability: Durability, claim: () => Promise<ClaimedRow[]>): Promise<Claimed[]> {
+  durability.admit()
+  const rows = await durability.during(claim())
+  await durability.observe(latestPosition(rows.map(readPosition)))
+  return rows.map(({ fg_wal: _w, fg_lsn: _l, fg_boot: _b, ...claimed }) => claimed)
+}
+
+function latestPosition(positions: (WalPosition | undefined)[]): WalPosition | undefined {
+  return positions.reduce<WalPosition | undefined>((a, b) => (!a || (b?.lsn && a.lsn && compareLsn(b.lsn, a.lsn) > 0) ? b : a), undefined)
 }
 
 /**
@@ -197,13 +215,14 @@ export type JobStore = ReturnType<typeof createJobStore>
  * const jobs = createJobStore(db)
  * const claimed = await jobs.claimOne({ tenant: 'default', workerId: 'w1', types: config.job_types })
  */
-export function createJobStore(db: Db, options: { schedule?: Schedule } = {}) {
+export function createJobStore(db: Db, options: { schedule?: Schedule; durability?: Durability } = {}) {
   const completer = createJobCompleter(db, options.schedule)
+  const durability = options.durability ?? localDurability
   return {
     startJob: (s: Parameters<typeof startJob>[1]) => startJob(db, s),
     startJobs: (tenant: string, items: StartItem[]) => startJobs(db, tenant, items),
-    claimOne: (c: Parameters<typeof claimOne>[1]) => claimOne(db, c),
-    claimJobs: (c: ClaimRequest) => claimJobs(db, c),
+    claimOne: async (c: Parameters<typeof claimOne>[1]) => (await durableClaim(durability, () => claimJobs(db, { ...c, max: 1 })))[0],
+    claimJobs: (c: ClaimRequest) => durableClaim(durability, () => claimJobs(db, c)),
     heartbeat: (h: Holder, types: JobType[]) => heartbeat(db, h, types),
     failOverRuntime: (h: Holder, types: JobType[]) => failOverRuntime(db, h, types),
     lostReason: (h: Holder) => lostReason(db, h),

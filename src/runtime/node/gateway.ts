@@ -90,7 +90,7 @@ export async function startGateway(options: {
   }
   const upstream = createUndiciForward()
   // Job completions of one turn share a statement, as idempotency completions do.
-  const jobs = instrument(createJobStore(db, { schedule: setImmediate }), metrics)
+  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
   const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
   const admin = createAdminApp({ store, durability, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
