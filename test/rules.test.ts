@@ -68,6 +68,29 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     expect(upstream.received[0]!.headers.authorization).toBe('Bearer file-only-secret')
   })
 
+  it('a rule that points a route at another origin carries none of the file\'s upstream credentials (they leaked to any listener before)', async () => {
+    const foreign = await startUpstream()
+    try {
+      const moved = await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(foreign.url) })
+      expect(moved.status).toBe(200)
+      expect((await post(`${gw.url}/payments/1/capture`, '1')).status).toBe(200)
+      expect(foreign.received).toHaveLength(1)
+      expect(foreign.received[0]!.headers.authorization).toBeUndefined()
+      expect(JSON.stringify(foreign.received[0]!.headers)).not.toContain('file-only-secret')
+      // Also after a restart, when the stored rule wins over the file.
+      await stop()
+      await start()
+      expect((await post(`${gw.url}/payments/1/capture`, '2')).status).toBe(200)
+      expect(foreign.received[1]!.headers.authorization).toBeUndefined()
+      // Back on the file's origin (another path there is the same origin), the credential is sent again.
+      expect((await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(`${upstream.url}/v2`) })).status).toBe(200)
+      expect((await post(`${gw.url}/payments/1/capture`, '3')).status).toBe(200)
+      expect(upstream.received.at(-1)!.headers.authorization).toBe('Bearer file-only-secret')
+    } finally {
+      await foreign.close()
+    }
+  })
+
   it('applies a new route at once on the instance that took the change, and records who and when', async () => {
     expect((await post(`${gw.url}/refunds/7`, '1')).status).toBe(404)
     const put = await admin(gw.adminUrl, '/rules/refunds', { method: 'PUT', body: route(upstream.url, { name: 'refunds', path: '/refunds/:invoice_id' }) })

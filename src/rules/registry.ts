@@ -22,11 +22,14 @@ export interface RuleSource {
 }
 
 /**
- * Compiles validated rules. A route's `upstream_headers` come from the
- * configuration file by route name, never from the stored rule.
+ * Compiles validated rules. A route's `upstream_headers` come from the configuration file by
+ * route name, never from the stored rule, and only while the rule's upstream has the origin
+ * (scheme, host, port) the file gave them with: a stored rule that points the route
+ * elsewhere (through the rules API or straight into `fg_rule_versions`) carries none, so the
+ * file's credential cannot be sent to a host the file did not name.
  */
-export function compileRuleSet(version: number, valid: ValidRules, raw: RawRule[], credentials: ReadonlyMap<string, Record<string, string>>): RuleSet {
-  const routes: RouteConfig[] = valid.routes.map((r) => ({ ...r, upstream_headers: credentials.get(r.name) ?? {} }))
+export function compileRuleSet(version: number, valid: ValidRules, raw: RawRule[], credentials: ReadonlyMap<string, UpstreamCredentials>): RuleSet {
+  const routes: RouteConfig[] = valid.routes.map((r) => ({ ...r, upstream_headers: credentialsFor(credentials.get(r.name), r.upstream) }))
   return { version, router: createRouter(routes), entityRules: compileEntityRules(valid.entityRules), raw }
 }
 
@@ -35,9 +38,21 @@ export function rulesOfConfig(config: Pick<Config, 'routes' | 'entity_rules'>): 
   return [...config.routes.map(routeToRule), ...config.entity_rules.map((r: EntityRuleConfig) => entityRuleToRule(r))]
 }
 
+/** A route's credentials from the file, with the upstream origin they belong to. */
+export interface UpstreamCredentials {
+  origin: string
+  headers: Record<string, string>
+}
+
 /** The routes' upstream credentials by route name: they stay in the file, never in the database. */
-export function credentialsOf(config: Config): Map<string, Record<string, string>> {
-  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0).map((r) => [r.name, r.upstream_headers]))
+export function credentialsOf(config: Config): Map<string, UpstreamCredentials> {
+  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0)
+    .map((r) => [r.name, { origin: r.upstream.origin, headers: r.upstream_headers }]))
+}
+
+/** The headers when `upstream` has the credentials' origin; none otherwise. */
+export function credentialsFor(credentials: UpstreamCredentials | undefined, upstream: RouteConfig['upstream']): Record<string, string> {
+  return credentials && upstream.origin === credentials.origin ? credentials.headers : {}
 }
 
 /**
