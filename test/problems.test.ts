@@ -4,6 +4,7 @@ import { createApp } from '../src/gateway/app.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
 import { FencegateError, problemCatalog, problemResponse, type ClientErrorType, type ProblemCode } from '../src/http/problems.js'
 import { fingerprint } from '../src/gateway/idempotency.js'
+import { browserGuard } from '../src/http/browser-guard.js'
 import { createJobStore } from '../src/leases/store.js'
 import { silentLogger } from '../src/observe/log.js'
 import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
@@ -15,7 +16,7 @@ import { route, testConfig } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
-type Apps = { refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { guarded: ReturnType<typeof createApp>; guardedAdmin: ReturnType<typeof createAdminApp>; refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
 const claimOf = (key: string, fp: string): Command => ({
   tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
@@ -99,6 +100,10 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   invalid_rule: ({ admin }) => admin.request('/rules/bad', { method: 'PUT', body: '{' }),
   rules_version_conflict: ({ admin }) => admin.request('/rules/capture', { method: 'DELETE', headers: { 'if-match': '"999"' } }),
   not_found: ({ admin }) => admin.request('/entities/never-seen'),
+  // Without auth, web pages are kept out (test/browser-guard.test.ts replays the attacks on a served gateway).
+  host_not_allowed: ({ guarded }) => guarded.request('/payments/1/capture', { ...fenced('1'), headers: { 'x-execution-fence': '1', host: 'rebind.attacker.example:8080' } }),
+  cross_site_request: ({ guarded }) => guarded.request('/payments/1/capture', { ...fenced('1'), headers: { 'x-execution-fence': '1', host: '127.0.0.1:8080', origin: 'https://attacker.example' } }),
+  unsupported_media_type: ({ guardedAdmin }) => guardedAdmin.request('/entities/invoice%3A7/bump', { method: 'POST', body: '{"to":"9"}', headers: { host: '127.0.0.1:8081', 'content-type': 'text/plain' } }),
   internal_error: ({ faultyData }) => faultyData.request('/payments/1/capture', fenced('1')),
 }
 
@@ -111,7 +116,7 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
   store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
-  rules_version_conflict: I, not_found: I, internal_error: A,
+  rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, internal_error: A,
 }
 
 /** Refusals a retry can help with: they carry Retry-After and the route's hint says true; all others carry neither. */
@@ -162,6 +167,8 @@ describe('every problem code', () => {
     ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     apps = {
+      guarded: createApp({ config, store: t.store, forward: undici.forward, browserGuard: browserGuard('127.0.0.1') }),
+      guardedAdmin: createAdminApp({ store: t.store, browserGuard: browserGuard('127.0.0.1') }),
       refusing: (code) => createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward }),
       db: t.db,
       store: t.store,
@@ -203,7 +210,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

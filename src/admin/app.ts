@@ -11,6 +11,7 @@ import { createConsoleApp } from './ui.js'
 import type { RuleRegistry } from '../rules/registry.js'
 import type { Db } from '../store/db.js'
 import { localDurability, type Durability } from '../store/durability.js'
+import { browserRefusal, type BrowserGuard } from '../http/browser-guard.js'
 import { createAdminJobsApp } from './jobs.js'
 import { createEntitiesApp } from './entities.js'
 import { createHistoryApp } from './history.js'
@@ -22,6 +23,8 @@ export { auditQuerySchema, bumpRequestSchema, parseAuditQuery, parseBump, readAu
 
 export interface AdminDeps {
   store: Store
+  /** Without auth, keeps web pages out (src/http/browser-guard.ts), the console's own page included in what it lets through. */
+  browserGuard?: BrowserGuard
   /** What /health reports of the store's durability; defaults to `local`. */
   durability?: Pick<Durability, 'status'>
   /** Defaults to no authentication, for an admin plane bound to loopback. */
@@ -57,6 +60,16 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     const endpoint = routePath(c, -1)
     metrics.adminRequest({ endpoint: endpoint === '/*' ? 'unmatched' : endpoint, status: c.res.status })
   })
+  // Before everything, the console too: a DNS-rebound page must not even load it as its own.
+  const guard = deps.browserGuard
+  if (guard) {
+    app.use(async (c, next) => {
+      const refusal = browserRefusal(c.req.raw.headers, c.req.method, guard, true)
+      if (refusal) return problemResponse(refusal, requestIdOf(c.req.raw))
+      await next()
+      return undefined
+    })
+  }
   // The console's static files hold no tenant data: served before authentication, so the page can ask for a token.
   app.route('/ui', createConsoleApp())
   app.use(async (c, next) => {

@@ -13,6 +13,7 @@ import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
 import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
 import { webInbound, type Inbound } from '../http/inbound.js'
+import { browserRefusal, type BrowserGuard } from '../http/browser-guard.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
 import type { Store } from '../store/store.js'
 
@@ -36,6 +37,8 @@ export interface AppDeps {
   digest?: Digest
   /** Signs `Fence-Attestation` (src/attest.ts); required when a route has `attest: true`. */
   attest?: AttestationSigner
+  /** Without auth, keeps web pages out (src/http/browser-guard.ts); Node passes one, a public Worker none. */
+  browserGuard?: BrowserGuard
 }
 
 export type AppEnv = { Variables: { requestId: string } }
@@ -79,7 +82,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const authenticate = deps.authenticate ?? noAuthentication
   const command = createPipeline({ ...deps, authenticate, rules, log, metrics })
   const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics })
-  const handle: HandleCommand = !jobsApi ? command : async (request, requestId) => {
+  const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
     // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
     let answer: Answer | undefined
@@ -89,6 +92,13 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
       return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId)
     }
     return answer ?? command(request, requestId)
+  }
+  const guard = deps.browserGuard
+  const handle: HandleCommand = !guard ? routed : async (request, requestId) => {
+    const refusal = browserRefusal(request.headers, request.method, guard, request.url.pathname.startsWith(jobsPath))
+    if (!refusal) return routed(request, requestId)
+    log.info('browser_refused', { request_id: requestId, code: refusal.code })
+    return problemAnswer(refusal, requestId)
   }
   const app = new Hono<AppEnv>()
   app.all('*', async (c) => {

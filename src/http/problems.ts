@@ -41,6 +41,9 @@ export const problemCatalog = {
   entity_busy: { status: 409, title: 'Another command for this entity is still being delivered' },
   invalid_rule: { status: 422, title: 'The rule is invalid' },
   rules_version_conflict: { status: 412, title: 'The rules have changed since the version given in If-Match' },
+  host_not_allowed: { status: 421, title: 'This gateway does not serve the host the request names' },
+  cross_site_request: { status: 403, title: 'A request from a page of another site is refused without auth' },
+  unsupported_media_type: { status: 415, title: 'The body must be JSON' },
   not_found: { status: 404, title: 'Not found' },
   internal_error: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>

@@ -7,6 +7,7 @@ import { createAttestationSigner, type AttestationSigner } from '../../gateway/a
 import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
 import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
+import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
 import { guardTargets } from './target.js'
@@ -91,8 +92,12 @@ export async function startGateway(options: {
   const upstream = createUndiciForward()
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
-  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}) })
-  const admin = createAdminApp({ store, durability, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).
+  const open = config.auth.mode === 'none'
+  const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
+  const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
+  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}), ...dataGuard })
+  const admin = createAdminApp({ store, durability, ...adminGuard, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined
   try {
