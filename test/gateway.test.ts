@@ -1,32 +1,13 @@
-import { request as httpRequest } from 'node:http'
 import { connect } from 'node:net'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
-import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { post, rawPost, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { closedPort, drainedOrClosed, gate, startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
  * POSTs over node:http, which sends header lines as given: a header twice, or a
  * Connection header (both of which fetch would refuse or merge).
  */
-function rawPost(url: string, headers: Record<string, string | string[]>, body = '{}'): Promise<{ status: number; headers: Record<string, unknown>; body: any }> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest(url, { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) } }, (res) => {
-      const chunks: Buffer[] = []
-      res.on('data', (c: Buffer) => chunks.push(c))
-      res.on('end', () => {
-        const text = Buffer.concat(chunks).toString()
-        let json: unknown = text
-        try {
-          json = JSON.parse(text)
-        } catch {}
-        resolve({ status: res.statusCode!, headers: res.headers, body: json })
-      })
-    })
-    req.on('error', reject)
-    req.end(body)
-  })
-}
 
 describe.each(backends())('gateway on $name', (backend) => {
   let t: TestDb

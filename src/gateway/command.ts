@@ -1,9 +1,10 @@
 import type { HeaderView } from '../http/exchange.js'
 import { isFormBody, parseFormBody } from '../http/form-body.js'
+import { hasDuplicateKeys } from '../http/json-keys.js'
 import type { Identity } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
 import { resolveEntity, type EntitySources, type Route } from './route.js'
-import { entityPolicy } from '../rules/entities.js'
+import { entityPolicy, freezeThatCouldApply } from '../rules/entities.js'
 import type { RuleSet } from '../rules/registry.js'
 
 /**
@@ -36,8 +37,13 @@ export function commandPolicy(route: Route, tenant: string, sources: EntitySourc
   let entity: string
   try {
     entity = resolveEntity(template, sources)
-  } catch {
-    // Unresolvable: no rule can match it, and the fence step reports it if a fence needs it.
+  } catch (err) {
+    if (!(err instanceof FencegateError) || err.code !== 'entity_unresolved') throw err
+    // Unresolvable: no rule can match it, and the fence step reports it if a fence needs it;
+    // but while an entity this route could reach is frozen, a command naming none is refused.
+    const first = template.parts[0]
+    const frozenBy = freezeThatCouldApply(rules.entityRules, tenant, first && 'literal' in first ? first.literal : '')
+    if (frozenBy !== undefined) throw new FencegateError('entity_unresolved', `${err.detail}; rule ${frozenBy} freezes an entity this route reaches, so a command must name its entity`, err.extras)
     return { fence: rc.fence, ordering: rc.ordering }
   }
   const policy = entityPolicy(rules.entityRules, tenant, entity)
@@ -89,19 +95,40 @@ export function entitySources(request: { headers: HeaderView }, url: URL, params
     body: () => {
       if (!parsed) {
         parsed = true
-        body = form ? parseFormBody(bytes) : parseJson(bytes)
+        body = form ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
       }
       return body
     },
   }
 }
 
+/**
+ * A JSON body, or undefined when it is not JSON. One that names a key twice is refused: the
+ * gateway would read the last, an upstream may read the first (src/http/json-keys.ts).
+ */
 function parseJson(bytes: Uint8Array): unknown {
+  let text: string
+  let body: unknown
   try {
-    return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(bytes))
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
+    body = JSON.parse(text)
   } catch {
     return undefined
   }
+  if (hasDuplicateKeys(text)) throw new FencegateError('invalid_request', 'the JSON body names a key twice in one object; which one counts is ambiguous')
+  return body
+}
+
+/**
+ * A body declared as a form that is a JSON object or array is refused: its JSON text can
+ * hide form fields in its strings (`{"tenant_id":"B","x":"&tenant_id=A"}`), which the
+ * gateway would read while an upstream that reads JSON acts on the others.
+ */
+function unlessJson(bytes: Uint8Array): Uint8Array {
+  let i = 0
+  while (i < bytes.length && (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d)) i++
+  if (bytes[i] === 0x7b || bytes[i] === 0x5b) throw new FencegateError('invalid_request', 'the body is declared as a form but is JSON; send it as Content-Type: application/json')
+  return bytes
 }
 
 /**

@@ -21,6 +21,10 @@ export function compileRoute(config: RouteConfig): Route {
   if (missing) throw new Error(`route ${config.name}: entity uses params.${missing}, which ${config.path} does not define`)
   const decisionHeaders = (entity?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
   if (config.claimed_tenant?.startsWith('header.')) decisionHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
+  // A body read as a form or as JSON by its Content-Type goes on with that Content-Type:
+  // `Connection: content-type` must not make the upstream read it as something else.
+  const readsBody = (entity?.parts ?? []).some((p) => 'source' in p && p.source === 'body') || config.claimed_tenant?.startsWith('body.') === true
+  if (readsBody) decisionHeaders.push('content-type')
   return { config, pattern, entity, decisionHeaders }
 }
 
@@ -119,7 +123,11 @@ export function resolveEntity(template: EntityTemplate, sources: EntitySources):
 function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntitySources): string | undefined {
   switch (part.source) {
     case 'params': return s.params[part.name]
-    case 'query': return s.query.get(part.name) ?? undefined
+    case 'query': {
+      // `?id=1&id=2`: the gateway would read the first, an upstream may read the last.
+      if (s.query.getAll(part.name).length > 1) throw new FencegateError('invalid_request', `the query names ${part.name} more than once; which one counts is ambiguous`)
+      return s.query.get(part.name) ?? undefined
+    }
     case 'header': return s.headers.get(part.name) ?? undefined
     case 'body': {
       let node: unknown = s.body()

@@ -44,3 +44,20 @@ export function entityPolicy(rules: CompiledEntityRule[], tenant: string, entity
   }
   return policy
 }
+
+/**
+ * The name of a rule freezing, for `tenant`, an entity that starts with `prefix` (the literal
+ * start of a route's entity template), or undefined. For a command whose entity does not
+ * resolve: it could be about a frozen entity, so it is not let through unchecked.
+ *
+ * @example
+ * freezeThatCouldApply(compileEntityRules([{ name: 'f', entity_match: 'invoice:42', frozen: true }]), 'acme', 'invoice:') // 'f'
+ */
+export function freezeThatCouldApply(rules: CompiledEntityRule[], tenant: string, prefix: string): string | undefined {
+  for (const r of rules) {
+    if (!r.config.frozen || (r.config.tenant !== undefined && r.config.tenant !== tenant)) continue
+    const literal = r.config.entity_match.split('*')[0]!
+    if (literal.startsWith(prefix) || prefix.startsWith(literal)) return r.config.name
+  }
+  return undefined
+}

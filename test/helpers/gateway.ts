@@ -1,3 +1,4 @@
+import { request as httpRequest } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../src/admin/app.js'
 import { createDataPlane } from '../../src/gateway/app.js'
@@ -71,4 +72,24 @@ export async function post(url: string, fence?: string, init: { body?: string; h
     json = undefined
   }
   return { status: res.status, headers: res.headers, text, json }
+}
+
+/** A POST through node:http, so that headers fetch refuses (`Connection`, duplicates) go out as written. */
+export function rawPost(url: string, headers: Record<string, string | string[]>, body = '{}'): Promise<{ status: number; headers: Record<string, unknown>; body: any }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) } }, (res) => {
+      const chunks: Buffer[] = []
+      res.on('data', (c: Buffer) => chunks.push(c))
+      res.on('end', () => {
+        const text = Buffer.concat(chunks).toString()
+        let json: unknown = text
+        try {
+          json = JSON.parse(text)
+        } catch {}
+        resolve({ status: res.statusCode!, headers: res.headers, body: json })
+      })
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
 }
