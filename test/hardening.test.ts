@@ -46,6 +46,15 @@ describe('the configured upstream is the only destination', () => {
     ['/payments/%2E%2E/1/capture', 'dot segments'],
     ['/payments/./1/capture', 'dot segments'],
     ['/payments/1%2f..%2fadmin/capture', 'encoded slashes'],
+    // Each was forwarded with the route's credential before: Tomcat and Spring read them as /capture or invoice 42.
+    ['/payments/..;/capture', 'path parameters'],
+    ['/payments/%2e%2e;/capture', 'path parameters'],
+    ['/payments/..%3B/capture', 'path parameters'],
+    ['/payments/42;x/capture', 'path parameters'],
+    ['/payments/42;jsessionid=1/capture', 'path parameters'],
+    ['/payments/%252e%252e/capture', 'double-encoded'],
+    ['/payments/42%2500/capture', 'double-encoded'],
+    ['/payments/42%00/capture', 'NUL'],
     // Node's HTTP parser itself refuses a raw backslash in the target.
     ['/payments\\..\\admin', null],
     ['/payments%5c..%5cadmin/1/capture', 'backslashes'],
