@@ -38,6 +38,11 @@ const entries = (h: HeaderView): [string, string][] => {
   return out.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
 }
 
+it.each(['x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-url', 'x-rewrite-url'])('drops %s on the way upstream: the route matched the method and path the gateway saw', (name) => {
+  const headers = new Headers({ [name]: name.includes('url') ? '/admin/delete' : 'DELETE', accept: 'application/json' })
+  expect(entries(upstreamRequestHeaders(headers))).toEqual([['accept', 'application/json']])
+})
+
 describe.each(directions)('%s', (_name, filter) => {
   it.each(hopByHop)('drops the hop-by-hop header %s', (name, value) => {
     const out = filter(new Headers({ [name]: value, 'x-execution-fence': '7' }))

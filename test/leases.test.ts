@@ -52,6 +52,15 @@ describe.each(backends())('lease service on $name', (backend) => {
     expect((await call('', { type: 'nope', key: 'k' })).json.code).toBe('unknown_job_type')
   })
 
+  it('a claim names at most 32 job types, and a type named twice is claimed as one (a 1 MiB list of names cost an index scan each, every round)', async () => {
+    const many = await claim('w1', { types: Array.from({ length: 33 }, () => 'report') })
+    expect([many.status, many.json.code]).toEqual([400, 'invalid_request'])
+    await start('dup')
+    const claimed = await claim('w1', { types: ['report', 'report', 'report'], max: 5 })
+    expect(claimed.status).toBe(200)
+    expect(claimed.json.jobs).toHaveLength(1)
+  })
+
   it('claims with a new fence, skips a live lease and reclaims an expired one with a higher fence', async () => {
     const { json: job } = await start('k1')
     const a = await claim('w1')

@@ -48,6 +48,13 @@ const hopByHop = new Set([
   'idempotent-replayed',
 ])
 
+/**
+ * Headers with which frameworks let a request say it is another method or another path
+ * (Symfony, Laravel, Express's method-override, IIS): the route matched the method and path
+ * the gateway saw, so the upstream must not execute a different one.
+ */
+export const rewritingHeaders = ['x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-url', 'x-rewrite-url'] as const
+
 function withoutHopByHop(source: HeaderView): HeaderList {
   const listed = new Set((source.get('connection') ?? '').split(',').map((h) => h.trim().toLowerCase()).filter(Boolean))
   const out = new HeaderList()
@@ -62,6 +69,7 @@ export function upstreamRequestHeaders(inbound: HeaderView): HeaderList {
   const out = withoutHopByHop(inbound)
   // Only the gateway attests that a fence check passed: a client's own would be a forgery.
   out.delete(attestationHeader)
+  for (const name of rewritingHeaders) out.delete(name)
   return out
 }
 

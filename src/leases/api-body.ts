@@ -9,8 +9,11 @@ import { maxBulkStart, maxClaimBatch } from './store.js'
 const id = z.string().min(1).max(255)
 export const startBody = z.object({ type: z.string(), key: id, payload: z.unknown().optional(), restart: z.boolean().optional() }).strict()
 export const bulkStartBody = z.object({ jobs: z.array(startBody).min(1).max(maxBulkStart) }).strict()
+/** The most job types one claim may name: each is an index scan per claim round. */
+export const maxClaimTypes = 32
+
 export const claimBody = z.object({
-  worker_id: id, types: z.array(z.string()).min(1).optional(), wait: z.number().min(0).max(30).optional(),
+  worker_id: id, types: z.array(z.string()).min(1).max(maxClaimTypes).optional(), wait: z.number().min(0).max(30).optional(),
   max: z.number().int().min(1).max(maxClaimBatch).optional(),
 }).strict()
 export const holderBody = z.object({ worker_id: id, fence: z.string().regex(/^(0|[1-9][0-9]{0,18})$/) }).strict()

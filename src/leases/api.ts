@@ -46,7 +46,8 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
     wake: deps.wake ?? createClaimWake({ listen: jobs.listenForWork, log }),
     typesFor: (names) => {
       if (!names) return config.job_types
-      return names.map((n) => {
+      // A type named twice is one scan, not two.
+      return [...new Set(names)].map((n) => {
         const t = types.get(n)
         if (!t) throw new FencegateError('unknown_job_type', `no job type ${JSON.stringify(n)} is configured`)
         return t
