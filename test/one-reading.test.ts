@@ -22,6 +22,7 @@ describe('one reading of a request', () => {
       route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket_id}', claimed_tenant: 'body.tenant_id' }),
       route(upstream.url, { name: 'lookup', path: '/lookup', entity: 'invoice:{query.id}' }),
       route(upstream.url, { name: 'notes', path: '/notes', entity: 'invoice:{body.invoice}', fence: 'optional' }),
+      route(upstream.url, { name: 'accounts', path: '/accounts', entity: 'acct:{header.X-Account}', idempotency: 'required' }),
     ]
     gw = await startTestGateway({
       config: testConfig(routes, { auth: jwtAuth, entity_rules: [{ name: 'hold', entity_match: 'invoice:42', frozen: true }] }),
@@ -74,6 +75,14 @@ describe('one reading of a request', () => {
     expect(res.json.detail).toContain('rule hold')
     // An entity that resolves and is not frozen is served as before.
     expect((await post(`${gw.url}/notes`, undefined, { body: '{"invoice":"7"}', headers: await asTenantA() })).status).toBe(200)
+  })
+
+  it('a key sent again with another entity header is a reused key: it replayed the other entity\'s answer', async () => {
+    const headers = async (account: string) => ({ ...await asTenantA(), 'idempotency-key': 'acct-op-1', 'x-account': account })
+    expect((await post(`${gw.url}/accounts`, '5', { headers: await headers('A-1') })).status).toBe(200)
+    const other = await post(`${gw.url}/accounts`, '5', { headers: await headers('B-2') })
+    expect([other.status, other.json.code]).toEqual([422, 'idempotency_key_reused'])
+    expect((await post(`${gw.url}/accounts`, '5', { headers: await headers('A-1') })).headers.get('idempotent-replayed')).toBe('true')
   })
 
   it.each([

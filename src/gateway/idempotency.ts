@@ -49,8 +49,12 @@ export function parseIdempotencyKey(value: string | null): string | undefined {
  * @example
  * await payloadFingerprint('POST', 'capture', '/payments/42/capture', '', await sha256Hex(body))
  */
-export async function payloadFingerprint(method: string, route: string, path: string, query: string, bodySha256: string, digest: Digest = sha256Hex): Promise<string> {
-  return digest(new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n${bodySha256}`))
+export async function payloadFingerprint(method: string, route: string, path: string, query: string, bodySha256: string, digest: Digest = sha256Hex, headerEntity?: string): Promise<string> {
+  // An entity read from a header is in none of the other parts: without it, the same key and
+  // body with another entity header replayed the other entity's answer. It is appended only
+  // on such routes, so every other route's fingerprints stay as they were.
+  const entity = headerEntity === undefined ? '' : `\n${headerEntity}`
+  return digest(new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n${bodySha256}${entity}`))
 }
 
 /**

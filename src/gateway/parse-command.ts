@@ -17,6 +17,12 @@ export interface CommandInput {
   bytes: Uint8Array
 }
 
+/** The entity, on a route whose entity reads a header (it is then part of the key's fingerprint). */
+function headerEntityOf(route: NonNullable<Trace['route']>, sources: ReturnType<typeof entitySources>, resolved: string | undefined): string | undefined {
+  if (!route.entity?.parts.some((p) => 'source' in p && p.source === 'header')) return undefined
+  return resolved ?? entityOf(route, sources) ?? ''
+}
+
 /**
  * Parses the fence and the key and resolves the entity (recording each on the trace);
  * returns the key's claim, or null when the request carries no key.
@@ -50,7 +56,7 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   trace.keySha256 = await ctx.digest(new TextEncoder().encode(trace.key))
   return {
     key: trace.key,
-    fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest),
+    fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),
     ownerToken: crypto.randomUUID(),
     lockMs: rc.idempotency_lock,
     ttlMs: rc.idempotency_ttl,
