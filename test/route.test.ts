@@ -322,8 +322,9 @@ describe('resolveEntity', () => {
     expect(resolve('invoice:{params.invoice_id}', { params: { invoice_id: '42' } })).toBe('invoice:42')
   })
 
-  it('reads the first value of a query parameter', () => {
-    expect(resolve('acct:{query.account}', { query: 'account=a%201&account=a2' })).toBe('acct:a 1')
+  it('refuses a query parameter it reads that is given twice: the gateway read the first, an upstream may read the last', () => {
+    expect(() => resolve('acct:{query.account}', { query: 'account=a%201&account=a2' })).toThrow(/more than once/)
+    expect(resolve('acct:{query.account}', { query: 'account=a%201&other=1&other=2' })).toBe('acct:a 1')
   })
 
   it('reads headers case-insensitively', () => {
