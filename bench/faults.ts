@@ -8,6 +8,7 @@ import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { postgresBinaries, startCluster, type Cluster } from '../test/helpers/cluster.js'
 import { startGatewayProcess, writeConfig, type GatewayProcess } from '../test/helpers/process.js'
+import { runFailoverBench } from './failover.js'
 
 interface Answer { answer: string; ms: number; at: number }
 
@@ -91,6 +92,7 @@ export async function runFaultsBench(): Promise<number> {
     console.log('store.connect_timeout: 1s (default)')
     await killBurst(cluster, gateway)
     await outage(cluster, gateway)
+    await runFailoverBench(bin, `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)
     return gateway.child.exitCode === null ? 0 : 1
   } finally {
     await gateway.stop()
