@@ -25,6 +25,8 @@ export interface AdminDeps {
   store: Store
   /** Without auth, keeps web pages out (src/http/browser-guard.ts), the console's own page included in what it lets through. */
   browserGuard?: BrowserGuard
+  /** With `server.workers > 1`, how many workers are live (reported by /health). */
+  workers?: () => number
   /** What /health reports of the store's durability; defaults to `local`. */
   durability?: Pick<Durability, 'status'>
   /** Defaults to no authentication, for an admin plane bound to loopback. */
@@ -83,13 +85,14 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   // A gateway that refuses every command (its store cannot prove its record) is unavailable too.
   app.get('/health', async (c) => {
     const { level, refusing } = (deps.durability ?? localDurability).status()
+    const workers = deps.workers ? { workers: deps.workers() } : {}
     try {
       await store.ping()
     } catch {
-      return c.json({ status: 'unavailable', store: 'down', durability: level }, 503)
+      return c.json({ status: 'unavailable', store: 'down', durability: level, ...workers }, 503)
     }
-    if (refusing) return c.json({ status: 'unavailable', store: 'up', durability: level, refusing }, 503)
-    return c.json({ status: 'ok', store: 'up', durability: level })
+    if (refusing) return c.json({ status: 'unavailable', store: 'up', durability: level, refusing, ...workers }, 503)
+    return c.json({ status: 'ok', store: 'up', durability: level, ...workers })
   })
 
   app.get('/audit', async (c) => {

@@ -35,6 +35,8 @@ export const healthSchema = z.object({
   // What the store can lose, and why every command is refused while it is (docs/operations.md#failover).
   durability: z.enum(['replicated', 'local', 'unknown']),
   refusing: z.enum(['store_not_replicated', 'store_identity_changed', 'store_lost_commits']).optional(),
+  // With server.workers > 1: the workers serving now.
+  workers: z.number().int().min(0).optional(),
 }).strict()
 
 export const auditPageSchema = z.object({

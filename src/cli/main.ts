@@ -45,12 +45,13 @@ const storeHelp = {
 const commands: Record<string, Command> = {
   serve: {
     summary: 'run the gateway (data plane and admin plane)',
-    options: { ...store, port: { type: 'string' }, 'admin-port': { type: 'string' } },
+    options: { ...store, port: { type: 'string' }, 'admin-port': { type: 'string' }, workers: { type: 'string' } },
     help: {
       ...storeHelp,
       config: 'configuration file (YAML, default fencegate.yaml)',
       port: 'data-plane port (overrides server.port)',
       'admin-port': 'admin-plane port (overrides server.admin_port)',
+      workers: 'worker processes on the same ports, a number or auto (overrides server.workers)',
     },
     run: (v) => runServe(v),
   },

@@ -1,8 +1,13 @@
+import cluster from 'node:cluster'
 import { loadConfigFile } from '../config/load.js'
+import { ConfigError, type Config } from '../config/schema.js'
+import { clusterWorker } from '../runtime/node/cluster-worker.js'
 import { databaseUrlFor, startGateway } from '../runtime/node/gateway.js'
+import { superviseWorkers } from '../runtime/node/supervisor.js'
+import { workerCount, workerPool } from '../runtime/node/workers.js'
 import { createPinoLogger } from '../runtime/node/log.js'
 import { installProcessPolicy } from '../runtime/node/process-policy.js'
-import { portFlag, stringFlag, type Flags } from './usage.js'
+import { portFlag, stringFlag, UsageError, type Flags } from './usage.js'
 
 /** `fencegate serve`: runs until SIGINT or SIGTERM, then drains and exits. */
 export async function runServe(flags: Flags): Promise<number> {
@@ -13,6 +18,10 @@ export async function runServe(flags: Flags): Promise<number> {
   if (adminPort !== undefined) config.server.admin_port = adminPort
   const dataDir = stringFlag(flags, 'data-dir')
   if (dataDir !== undefined) config.store.data_dir = dataDir
+  const databaseUrl = databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env)
+  const workers = workerCount(workersFlag(flags) ?? config.server.workers)
+  if (workers > 1 && cluster.isPrimary) return supervise(config, workers, databaseUrl)
+  const worker = clusterWorker()
   // The handlers go in before the gateway starts: a SIGTERM sent as soon as it logs
   // `listening` (an orchestrator, a test) must drain it, not kill it, and one sent while it
   // starts stops it as soon as it is up.
@@ -21,20 +30,25 @@ export async function runServe(flags: Flags): Promise<number> {
     shutdown = () => {
       process.off('SIGINT', shutdown)
       process.off('SIGTERM', shutdown)
+      // A worker hears the terminal's SIGINT and the supervisor's SIGTERM: the second must not kill its drain.
+      if (worker) process.on('SIGINT', () => {}).on('SIGTERM', () => {})
       resolve()
     }
   })
   process.on('SIGINT', shutdown)
   process.on('SIGTERM', shutdown)
-  const log = createPinoLogger(config.log.level)
+  // A worker whose supervisor is gone (killed) drains and exits rather than live on as an orphan.
+  if (worker) process.on('disconnect', () => shutdown())
+  const log = createPinoLogger(config.log.level, undefined, worker ? { worker: worker.index } : undefined)
   installProcessPolicy(log)
   let gateway: Awaited<ReturnType<typeof startGateway>>
   try {
-    gateway = await startGateway({ config, log, databaseUrl: databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env) })
+    gateway = await startGateway({ config, log, databaseUrl, ...(worker ? { cluster: worker } : {}) })
   } catch (err) {
     shutdown()
     throw err
   }
+  worker?.ready()
   await stopRequested
   await gateway.close()
   // Everything fencegate opened is closed now. postgres.js 3.4.9 can still open one more
@@ -43,4 +57,26 @@ export async function runServe(flags: Flags): Promise<number> {
   // clean exit is not delayed by it.
   setTimeout(() => process.exit(0), 1000).unref()
   return 0
+}
+
+/** `--workers N` or `--workers auto` (overrides server.workers). */
+function workersFlag(flags: Flags): number | 'auto' | undefined {
+  const v = stringFlag(flags, 'workers')
+  if (v === undefined || v === 'auto') return v
+  if (!/^[1-9][0-9]{0,2}$/.test(v) || Number(v) > 256) throw new UsageError(`--workers must be a number from 1 to 256 or auto, got ${JSON.stringify(v)}`)
+  return Number(v)
+}
+
+/**
+ * The supervisor of `workers` processes (src/runtime/node/supervisor.ts). The embedded store
+ * is one process's: several workers need PostgreSQL. The store budget is checked here, before
+ * any worker starts.
+ */
+async function supervise(config: Config, workers: number, databaseUrl: string | undefined): Promise<number> {
+  if (!databaseUrl) throw new ConfigError(['server.workers: the embedded store admits one process; set store.url (or DATABASE_URL) to a PostgreSQL for more than one worker'])
+  workerPool(config.store.max_connections, workers)
+  const log = createPinoLogger(config.log.level)
+  installProcessPolicy(log)
+  log.info('supervising', { workers })
+  return superviseWorkers({ count: workers, log, graceMs: 10_000 })
 }

@@ -29,6 +29,8 @@ export const configSchema = z.object({
     admin_port: port.default(8081),
     max_request_body: size.default(1024 * 1024),
     max_header_bytes: size.default(16 * 1024),
+    // Worker processes on the same ports (src/runtime/node/supervisor.ts); `auto`: the CPUs this process may use.
+    workers: z.union([integer(1, 256), z.literal('auto')]).default(1),
     // Without auth, the host names (besides loopback and the listen address) requests may name (src/http/browser-guard.ts).
     allowed_hosts: z.array(z.string().regex(/^[A-Za-z0-9.:-]+$/, 'expected a host name or address, without a port')).default([]),
   }).strict().prefault({}),

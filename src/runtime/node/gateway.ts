@@ -26,6 +26,8 @@ import { createStore, type Store } from '../../store/store.js'
 import { localDurability, watchDurability, type Durability } from '../../store/durability.js'
 import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
 import { purgeOnce } from '../retention.js'
+import type { ClusterWorker } from './cluster-worker.js'
+import { workerPool } from './workers.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -66,21 +68,28 @@ export async function startGateway(options: {
   log?: Logger
   /** How often the rules' version is checked when a notification was missed (default 1 s). */
   rulesCheckEveryMs?: number
+  /** This process's role as one of `server.workers` (src/runtime/node/cluster-worker.ts). */
+  cluster?: ClusterWorker
 }): Promise<RunningGateway> {
+  const { cluster } = options
   const { config } = options
   const log = options.log ?? createPinoLogger(config.log.level)
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const attest = await attestationSigner(config)
-  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max: config.store.max_connections })
+  // The workers share store.max_connections (src/runtime/node/workers.ts).
+  const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
+  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
   const durability = await storeDurability(db, config, log)
   const metrics = createPromMetrics({
+    ...(cluster ? { aggregate: () => cluster.aggregate() } : {}),
     durability: () => durability.status().level,
     readGauges: () => readStoreGauges(db),
     ruleVersion: () => rules.current().version,
     onGaugeError: (err) => log.warn('metrics_gauges_failed', { store_code: storeCode(err) }),
   })
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
+  cluster?.shareMetrics(metrics.registry)
   const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
   let rules: RuleRegistry
   try {
@@ -97,7 +106,7 @@ export async function startGateway(options: {
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
   const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}), ...dataGuard })
-  const admin = createAdminApp({ store, durability, ...adminGuard, authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined
   try {
@@ -112,7 +121,9 @@ export async function startGateway(options: {
     throw err
   }
   // Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
+  // With several workers the first one purges: once per interval for the whole gateway.
   const purge = setInterval(() => {
+    if (cluster && cluster.index !== 0) return
     purgeOnce(store, config, metrics).catch(() => log.warn('purge_failed'))
     // Finished jobs past job_retention, 1000 at a time (src/leases/retention.ts).
     jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
@@ -120,7 +131,7 @@ export async function startGateway(options: {
   purge.unref()
   const dataUrl = urlOf(data, config.server.host)
   const adminUrl = urlOf(adminServer, config.server.admin_host)
-  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length })
+  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length, ...(cluster ? { pid: process.pid } : {}) })
   return {
     dataUrl,
     adminUrl,

@@ -15,11 +15,12 @@ import type { LogFields, Logger, LogLevel } from '../../observe/log.js'
  * const log = createPinoLogger('info')
  * log.info('listening', { data_url: 'http://127.0.0.1:8080' })
  */
-export function createPinoLogger(level: LogLevel, destination?: DestinationStream): Logger {
+export function createPinoLogger(level: LogLevel, destination?: DestinationStream, base?: Record<string, number | string>): Logger {
   const options = {
     level,
     messageKey: 'event',
-    base: null,
+    // With server.workers > 1 every line names its worker (`{ worker: 1 }`); otherwise none.
+    base: base ?? null,
     timestamp: stdTimeFunctions.isoTime,
     formatters: { level: (label: string) => ({ level: label }) },
   }

@@ -16,6 +16,12 @@ export interface PromMetricsOptions {
   readGauges?: () => Promise<StoreGauges>
   /** The version of the rules requests are judged by now, read once per scrape. */
   ruleVersion?: () => number
+  /**
+   * With `server.workers > 1`: every worker's counters and histograms summed by the
+   * supervisor (src/runtime/node/cluster-worker.ts). The gauges read at scrape time (the
+   * database's counts, the rules version, durability) are this worker's reading, once.
+   */
+  aggregate?: () => Promise<string>
   /** The store's durability level now (src/store/durability.ts), read once per scrape. */
   durability?: () => 'replicated' | 'local' | 'unknown'
   onGaugeError?: (err: unknown) => void
@@ -35,17 +41,20 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
   const registry = new Registry()
   const registers = [registry]
   collectDefaultMetrics({ register: registry })
+  // What is read at scrape time is true of the whole gateway once: never summed over workers.
+  const local = new Registry()
+  const locals = [local]
   const ruleVersion = options.ruleVersion
   // 1 for the level the store stands on now, 0 for the others (src/store/durability.ts).
   if (options.durability) {
     const durability = options.durability
-    new Gauge({ name: 'fencegate_store_durability', help: 'What the store can lose: 1 for the current level (replicated: a synchronous standby confirms commits; local; unknown)', labelNames: ['level'], registers, collect() {
+    new Gauge({ name: 'fencegate_store_durability', help: 'What the store can lose: 1 for the current level (replicated: a synchronous standby confirms commits; local; unknown)', labelNames: ['level'], registers: locals, collect() {
       const now = durability()
       for (const level of ['replicated', 'local', 'unknown'] as const) this.set({ level }, level === now ? 1 : 0)
     } })
   }
-  if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers, collect() { this.set(ruleVersion()) } })
-  const refreshGauges = storeGauges(registers, options)
+  if (ruleVersion) new Gauge({ name: 'fencegate_rules_version', help: 'Version of the rules new requests are judged by', registers: locals, collect() { this.set(ruleVersion()) } })
+  const refreshGauges = storeGauges(locals, options)
   const adminRequests = new Counter({ name: 'fencegate_admin_requests_total', help: 'Admin-plane requests by endpoint pattern and status', labelNames: ['endpoint', 'status'], registers })
   const purged = new Counter({ name: 'fencegate_rows_purged_total', help: 'Rows deleted by the periodic purge, by table (idempotency: expired keys; audit, fence_history: past their retention)', labelNames: ['table'], registers })
   return {
@@ -53,7 +62,8 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
     contentType: registry.contentType,
     async render() {
       await refreshGauges()
-      return registry.metrics()
+      const shared = options.aggregate ? await options.aggregate() : await registry.metrics()
+      return shared + await local.metrics()
     },
     ...dataPlaneMetrics(registers),
     ...leaseMetrics(registers),
