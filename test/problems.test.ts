@@ -40,6 +40,7 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   tenant_missing: async ({ authData }) => authData.request('/payments/1/capture', withToken(await token({ tenant_id: undefined }))),
   tenant_mismatch: async ({ authData }) => authData.request('/claimed/1', withToken(await token(), { 'x-tenant-id': 'globex' })),
   insufficient_scope: async ({ authData }) => authData.request('/scoped/1', withToken(await token({ scope: 'other' }))),
+  worker_mismatch: async ({ authData }) => authData.request('/_fencegate/jobs/claim', { method: 'POST', body: JSON.stringify({ worker_id: 'someone-else' }), headers: { 'content-type': 'application/json', authorization: `Bearer ${await token({ scope: 'jobs:work' })}` } }),
   invalid_fence: ({ data }) => data.request('/payments/1/capture', fenced('0x10')),
   fence_required: ({ data }) => data.request('/payments/1/capture', fenced()),
   entity_unresolved: ({ data }) => data.request('/tickets', fenced('1', '{"no_ticket":true}')),
@@ -110,7 +111,7 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
 const I = 'invalid_request_error', K = 'idempotency_error', A = 'api_error'
 /** The `error.type` each code is answered with (docs/http-contract.md states the same table). */
 const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
-  no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I,
+  no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I, worker_mismatch: I,
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
@@ -164,7 +165,7 @@ describe('every problem code', () => {
       route(upstream.url),
       route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
       route(upstream.url, { name: 'scoped', path: '/scoped/:invoice_id', scopes: ['payments:write'] }),
-    ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth })
+    ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth, job_types: [{ name: 'report', lease: '45s' }] })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     apps = {
       guarded: createApp({ config, store: t.store, forward: undici.forward, browserGuard: browserGuard('127.0.0.1') }),
@@ -172,7 +173,7 @@ describe('every problem code', () => {
       refusing: (code) => createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward }),
       db: t.db,
       store: t.store,
-      authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator() }),
+      authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db) }),
       data: createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) }),
       admin: createAdminApp({ store: t.store, rules: { registry, db: t.db } }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
@@ -210,7 +211,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

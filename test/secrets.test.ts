@@ -87,15 +87,16 @@ describe('secrets and payloads stay out of logs, audit rows and errors', () => {
   })
 
   it('holds for the lease events: payloads, output and results never reach a log line', async () => {
-    const auth = { authorization: `Bearer ${jwt}` }
+    // The job API's verbs need their scopes, and a worker is its token's sub (or a slot of it).
+    const auth = { authorization: `Bearer ${await token({ sub: 'worker-9', scope: 'jobs:start jobs:work' })}` }
     const jobs = (path: string, body: unknown) => post(`${gw.url}/_fencegate/jobs${path}`, undefined, { body: JSON.stringify(body), headers: auth })
     const { json: job } = await jobs('', { type: 'report', key: 'r1', payload: { card: bodySecret } })
-    const claimed = await jobs('/claim', { worker_id: 'w1' })
+    const claimed = await jobs('/claim', { worker_id: 'worker-9/w1' })
     expect(claimed.json.payload.card).toBe(bodySecret)
-    const holder = { worker_id: 'w1', fence: claimed.json.fence }
+    const holder = { worker_id: 'worker-9/w1', fence: claimed.json.fence }
     expect((await jobs(`/${job.job_id}/heartbeat`, holder)).status).toBe(200)
     expect((await jobs(`/${job.job_id}/append`, { ...holder, seq: 0, chunk: bodySecret })).status).toBe(200)
-    expect((await jobs(`/${job.job_id}/complete`, { worker_id: 'w2', fence: '9', result: bodySecret })).json.code).toBe('not_owner')
+    expect((await jobs(`/${job.job_id}/complete`, { worker_id: 'worker-9/w2', fence: '9', result: bodySecret })).json.code).toBe('not_owner')
     expect((await jobs(`/${job.job_id}/complete`, { ...holder, result: bodySecret })).status).toBe(200)
     expect((await jobs(`/${job.job_id}/heartbeat`, holder)).json.code).toBe('lease_lost')
     const events = lines.map((l) => JSON.parse(l)).filter((l) => l.job_id === job.job_id)

@@ -317,23 +317,28 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     expect(ordered.arrivals.at(-1)).toBe('6')
   })
 
-  it('serves the job API: start, claim, heartbeat, a lease-fenced step, append, complete', async () => {
+  it('serves the job API: start, claim, heartbeat, a lease-fenced step, append, complete; with the scopes and the worker from the token', async () => {
     const jobs = '/_fencegate/jobs'
-    const post = (path: string, body: unknown) => send(`${jobs}${path}`, { body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+    // The token's sub (worker-1) is the worker; worker-1/b is another slot of it.
+    const scope = 'jobs:start jobs:work jobs:read'
+    const post = (path: string, body: unknown, as = scope) => send(`${jobs}${path}`, { scope: as, body: JSON.stringify(body), headers: { 'content-type': 'application/json' } })
+    expect((await post('', { type: 'report', key: 'report-1' }, 'jobs:read')).json).toMatchObject({ status: 403, code: 'insufficient_scope' })
     const started = await post('', { type: 'report', key: 'report-1', payload: { month: 11 } })
     expect(started).toMatchObject({ status: 201, json: { state: 'queued', created: true } })
     const id = started.json.job_id as string
-    const claimed = await post('/claim', { worker_id: 'worker-a' })
+    expect((await post('/claim', { worker_id: 'worker-2' })).json).toMatchObject({ status: 403, code: 'worker_mismatch' })
+    const claimed = await post('/claim', { worker_id: 'worker-1' })
     expect(claimed.json).toMatchObject({ job_id: id, fence: '1', attempt: 1, payload: { month: 11 } })
     // Nothing else to claim: a waiting claim polls (no LISTEN on Workers) until its wait ends.
-    expect((await post('/claim', { worker_id: 'worker-b', wait: 1 })).status).toBe(204)
-    expect((await post(`/${id}/heartbeat`, { worker_id: 'worker-a', fence: '1' })).json).toMatchObject({ cancel_requested: false })
+    expect((await post('/claim', { worker_id: 'worker-1/b', wait: 1 })).status).toBe(204)
+    expect((await post(`/${id}/heartbeat`, { worker_id: 'worker-1', fence: '1' })).json).toMatchObject({ cancel_requested: false })
     expect((await send('/steps/render', { fence: '1', headers: { 'x-job-id': id } })).status).toBe(200)
     expect((await send('/steps/render', { fence: '2', headers: { 'x-job-id': id } })).json).toMatchObject({ status: 409 })
-    expect((await post(`/${id}/append`, { worker_id: 'worker-a', fence: '1', seq: 0, chunk: { rows: 3 } })).json).toEqual({ seq: 0, cursor_length: 1 })
-    expect((await post(`/${id}/complete`, { worker_id: 'worker-b', fence: '1', result: {} })).json).toMatchObject({ status: 409, code: 'not_owner' })
-    expect((await post(`/${id}/complete`, { worker_id: 'worker-a', fence: '1', result: { rows: 3 } })).json).toEqual({ job_id: id, state: 'succeeded' })
-    expect((await send(`${jobs}/${id}`, { method: 'GET' })).json).toMatchObject({ state: 'succeeded', result: { rows: 3 }, cursor_length: 1 })
+    expect((await post(`/${id}/append`, { worker_id: 'worker-1', fence: '1', seq: 0, chunk: { rows: 3 } })).json).toEqual({ seq: 0, cursor_length: 1 })
+    expect((await post(`/${id}/complete`, { worker_id: 'worker-1/b', fence: '1', result: {} })).json).toMatchObject({ status: 409, code: 'not_owner' })
+    expect((await post(`/${id}/complete`, { worker_id: 'worker-2', fence: '1', result: {} })).json).toMatchObject({ status: 403, code: 'worker_mismatch' })
+    expect((await post(`/${id}/complete`, { worker_id: 'worker-1', fence: '1', result: { rows: 3 } })).json).toEqual({ job_id: id, state: 'succeeded' })
+    expect((await send(`${jobs}/${id}`, { method: 'GET', scope })).json).toMatchObject({ state: 'succeeded', result: { rows: 3 }, cursor_length: 1 })
   })
 
   it('takes its rules from the database, seeded from FENCEGATE_CONFIG, and lists them under /_admin/rules', async () => {

@@ -81,7 +81,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const rules = deps.rules ?? staticRules(deps.config)
   const authenticate = deps.authenticate ?? noAuthentication
   const command = createPipeline({ ...deps, authenticate, rules, log, metrics })
-  const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics })
+  const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics, audit: (r) => deps.store.recordRejection(r) })
   const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
     // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)

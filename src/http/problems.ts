@@ -11,6 +11,7 @@ export const problemCatalog = {
   tenant_missing: { status: 403, title: 'The token names no tenant' },
   tenant_mismatch: { status: 403, title: 'The request claims a tenant other than the token' },
   insufficient_scope: { status: 403, title: 'The token lacks a scope this route requires' },
+  worker_mismatch: { status: 403, title: 'The request names another worker than its token' },
   invalid_fence: { status: 400, title: 'X-Execution-Fence is not a valid fence' },
   fence_required: { status: 428, title: 'This route requires X-Execution-Fence' },
   entity_unresolved: { status: 400, title: 'The entity could not be resolved from the request' },

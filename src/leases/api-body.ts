@@ -13,7 +13,8 @@ export const bulkStartBody = z.object({ jobs: z.array(startBody).min(1).max(maxB
 export const maxClaimTypes = 32
 
 export const claimBody = z.object({
-  worker_id: id, types: z.array(z.string()).min(1).max(maxClaimTypes).optional(), wait: z.number().min(0).max(30).optional(),
+  // Under auth the token's sub is the worker: a claim may leave it out (src/leases/api-identity.ts).
+  worker_id: id.optional(), types: z.array(z.string()).min(1).max(maxClaimTypes).optional(), wait: z.number().min(0).max(30).optional(),
   max: z.number().int().min(1).max(maxClaimBatch).optional(),
 }).strict()
 export const holderBody = z.object({ worker_id: id, fence: z.string().regex(/^(0|[1-9][0-9]{0,18})$/) }).strict()

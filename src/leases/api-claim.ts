@@ -2,6 +2,7 @@ import type { JobType } from '../config/schema.js'
 import type { Answer } from '../http/exchange.js'
 import { claimBody, jsonBody } from './api-body.js'
 import { jsonAnswer, noContent, type JobCall, type JobsContext } from './api-context.js'
+import { workerOf } from './api-identity.js'
 import type { Claimed } from './store.js'
 
 /**
@@ -15,7 +16,7 @@ import type { Claimed } from './store.js'
 export async function claimHandler(ctx: JobsContext, { request, requestId, identity }: JobCall): Promise<Answer> {
   const body = await jsonBody(request, claimBody, ctx.limit)
   const wanted = ctx.typesFor(body.types)
-  const claim = { tenant: identity.tenant, workerId: body.worker_id, types: wanted, max: body.max }
+  const claim = { tenant: identity.tenant, workerId: workerOf(identity, body.worker_id), types: wanted, max: body.max }
   // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
   const answer = (claimed: Claimed[]) => {
     if (claimed.length === 0) return undefined

@@ -1,6 +1,7 @@
 import type { Config } from '../config/schema.js'
 import type { Answer } from '../http/exchange.js'
-import type { Authenticate } from '../http/identity.js'
+import type { Authenticate, Identity } from '../http/identity.js'
+import type { Rejection } from '../store/audit.js'
 import type { Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { Logger } from '../observe/log.js'
@@ -10,6 +11,7 @@ import { claimHandler } from './api-claim.js'
 import { jsonAnswer, type JobCall, type JobRoute, type JobsContext } from './api-context.js'
 import type { Holder, JobStore, Started } from './store.js'
 import { createClaimWake, type ClaimWake } from './wake.js'
+import { jobScopes, requireJobScope, workerOf, type JobScope } from './api-identity.js'
 
 /** The reserved prefix the job API lives under; no route may claim it. */
 export const jobsPath = '/_fencegate/jobs'
@@ -22,6 +24,8 @@ export interface JobsApiDeps {
   log: Logger
   wake?: ClaimWake | undefined
   metrics?: Metrics | undefined
+  /** Writes the audit row of a caller refused for its scope or its worker (the Store's `recordRejection`). */
+  audit?: ((rejection: Rejection) => Promise<void>) | undefined
 }
 
 /** The job API's handler: an answer, or undefined when no job route matches (the caller's router goes on). */
@@ -58,24 +62,51 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
     const found = routeOf(request.method, request.url.pathname)
     if (!found) return undefined
     const identity = await authenticate(request)
-    return found.route(ctx, { request, requestId, identity, jobId: found.id === undefined ? '' : jobIdOf(found.id) })
+    const jobId = found.id === undefined ? '' : jobIdOf(found.id)
+    try {
+      return await found.route(ctx, { request, requestId, identity, jobId })
+    } catch (err) {
+      if (err instanceof FencegateError && refusedCaller.has(err.code)) await auditRefusal(deps, err.code, request, requestId, identity, jobId)
+      throw err
+    }
   }
+}
+
+/** Refusals of who the caller is, audited: a token used beyond its scope or for another worker. */
+const refusedCaller: ReadonlySet<string> = new Set(['insufficient_scope', 'worker_mismatch'])
+
+async function auditRefusal(deps: JobsApiDeps, code: string, request: Inbound, requestId: string, identity: Identity, jobId: string): Promise<void> {
+  try {
+    await deps.audit?.({
+      tenant: identity.tenant, route: null, entity: jobId ? `job:${jobId}` : null, code, presentedFence: null, highestFence: null,
+      method: request.method, path: request.url.pathname, bodySha256: null, caller: identity.caller, requestId,
+    })
+  } catch {
+    // The refusal stands without its row; the store's failure is logged where it is seen next.
+    deps.log.warn('audit_failed', { request_id: requestId, code })
+  }
+}
+
+/** A route that first requires its scope (src/leases/api-identity.ts). */
+const scoped = (scope: JobScope, route: JobRoute): JobRoute => (ctx, call) => {
+  requireJobScope(call.identity, scope)
+  return route(ctx, call)
 }
 
 // Method and path to route: Maps, so no path can reach an Object.prototype member.
 const collection = new Map<string, Map<string, JobRoute>>([
-  ['', new Map([['POST', start]])],
-  ['/bulk', new Map([['POST', startMany]])],
-  ['/claim', new Map([['POST', claimHandler]])],
+  ['', new Map([['POST', scoped(jobScopes.start, start)]])],
+  ['/bulk', new Map([['POST', scoped(jobScopes.start, startMany)]])],
+  ['/claim', new Map([['POST', scoped(jobScopes.work, claimHandler)]])],
 ])
 const perJob = new Map<string, Map<string, JobRoute>>([
-  ['', new Map([['GET', view], ['HEAD', view]])],
-  ['/heartbeat', new Map([['POST', heartbeat]])],
-  ['/append', new Map([['POST', append]])],
-  ['/complete', new Map([['POST', complete]])],
-  ['/fail', new Map([['POST', fail]])],
-  ['/release', new Map([['POST', release]])],
-  ['/cancel', new Map([['POST', cancel]])],
+  ['', new Map([['GET', scoped(jobScopes.read, view)], ['HEAD', scoped(jobScopes.read, view)]])],
+  ['/heartbeat', new Map([['POST', scoped(jobScopes.work, heartbeat)]])],
+  ['/append', new Map([['POST', scoped(jobScopes.work, append)]])],
+  ['/complete', new Map([['POST', scoped(jobScopes.work, complete)]])],
+  ['/fail', new Map([['POST', scoped(jobScopes.work, fail)]])],
+  ['/release', new Map([['POST', scoped(jobScopes.work, release)]])],
+  ['/cancel', new Map([['POST', scoped(jobScopes.cancel, cancel)]])],
 ])
 
 /** `/_fencegate/jobs`, `/bulk`, `/claim`, then `/:id` and `/:id/<verb>`; exact paths, no trailing slash. */
@@ -142,7 +173,7 @@ async function view(ctx: JobsContext, { request, requestId, identity, jobId }: J
 }
 
 const holder = (call: JobCall, body: { worker_id: string; fence: string }): Holder =>
-  ({ tenant: call.identity.tenant, jobId: call.jobId, workerId: body.worker_id, fence: body.fence })
+  ({ tenant: call.identity.tenant, jobId: call.jobId, workerId: workerOf(call.identity, body.worker_id), fence: body.fence })
 
 /** Why a holder statement changed nothing, as the problem to answer (and a log line and metric). */
 async function lost(ctx: JobsContext, h: Holder, code: 'lease_lost' | 'not_owner' = 'lease_lost'): Promise<FencegateError> {
