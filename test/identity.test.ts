@@ -178,6 +178,16 @@ describe('asymmetric keys', () => {
     expect((await check(await base().setExpirationTime('1m').setNotBefore(now + 2).sign(key))).tenant).toBe('t')
   })
 
+  it('with auth.token_type, refuses a token of another typ: an ID token of the same issuer and audience passed before', async () => {
+    const authenticate = await createAuthenticator(authSchema.parse({ ...jwtAuth, token_type: 'at+jwt' }), { kind: 'hmac', secret })
+    const key = new TextEncoder().encode(secret)
+    const signed = (typ?: string) => new SignJWT({ tenant_id: 't', sub: 'w' }).setProtectedHeader({ alg: 'HS256', ...(typ ? { typ } : {}) }).setIssuer(issuer).setAudience(audience).setExpirationTime('1m').sign(key)
+    const check = async (jwt: string) => authenticate(new Request('http://x/', { headers: { authorization: `Bearer ${jwt}` } }))
+    for (const typ of ['JWT', undefined]) await expect(check(await signed(typ))).rejects.toMatchObject({ code: 'unauthenticated', detail: "the token's typ claim is not accepted" })
+    expect((await check(await signed('at+jwt'))).tenant).toBe('t')
+    expect((await check(await signed('application/at+jwt'))).tenant).toBe('t')
+  })
+
   it('fetches keys from jwks_url through jose and caches them', async () => {
     const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true })
     const jwk = { ...(await exportJWK(publicKey)), kid: 'k1', alg: 'ES256' }

@@ -12,6 +12,9 @@ export const authSchema = z.object({
   hs256_secret: z.string().optional(),
   tenant_claim: z.string().min(1).default('tenant_id'),
   clock_tolerance: duration.pipe(z.number().max(300_000, 'must be at most 5m')).default(5000),
+  // The `typ` header a token must carry (RFC 9068 access tokens: at+jwt): an ID token of the
+  // same issuer and audience is then refused. Unset: any typ, for providers that set none.
+  token_type: z.string().min(1).max(100).optional(),
 }).strict().superRefine((a, ctx) => {
   if (a.mode !== 'jwt') return
   const sources = [a.jwks_url, a.public_keys, a.hs256_secret].filter((s) => s !== undefined).length

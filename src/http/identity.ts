@@ -50,7 +50,7 @@ export async function createAuthenticator(auth: AuthConfig, keys: VerificationKe
   if (auth.mode === 'none') return noAuthentication
   const { key, algorithms } = await verificationKey(keys)
   // A token without exp would be valid forever: require it.
-  const options = { issuer: auth.issuer!, audience: auth.audience!, algorithms, clockTolerance: Math.ceil(auth.clock_tolerance / 1000), requiredClaims: ['exp'] }
+  const options = { issuer: auth.issuer!, audience: auth.audience!, algorithms, clockTolerance: Math.ceil(auth.clock_tolerance / 1000), requiredClaims: ['exp'], ...(auth.token_type ? { typ: auth.token_type } : {}) }
   const verify = async (token: string) => {
     try {
       return await (typeof key === 'function' ? jwtVerify(token, key, options) : jwtVerify(token, key, options))
