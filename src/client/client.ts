@@ -2,7 +2,8 @@ import { FencegateClientError } from './errors.js'
 import { JobApi, monotonic, type FetchLike } from './http.js'
 import { Lease } from './lease.js'
 import type { Job } from './types.js'
-import { workLoop, type Claim, type Handler, type WorkOptions } from './work.js'
+import { Slots } from './slots.js'
+import { workLoop, type Claim, type Handler, type WorkOptions, type WorkResult } from './work.js'
 
 /**
  * @example
@@ -61,6 +62,7 @@ const randomWorkerId = () => `worker-${crypto.randomUUID()}`
 export class FencegateClient {
   private readonly api: JobApi
   private readonly requestTimeoutMs: number
+  private readonly loops = new Set<Slots>()
 
   constructor(options: FencegateClientOptions) {
     if (!/^https?:\/\//.test(options.baseUrl)) throw new FencegateClientError('invalid_option', 'baseUrl must be an http(s) URL')
@@ -127,9 +129,15 @@ export class FencegateClient {
   /**
    * Claims and runs jobs until `signal` aborts. Each job's result is completed
    * under its lease; a thrown error fails the attempt (retryably, except
-   * PermanentFailure); a lost or cancelled lease commits nothing.
+   * PermanentFailure); a lost or cancelled lease commits nothing. A slot is free
+   * again only once its handler settles: a handler that runs on after its lease
+   * ended keeps the slot (`draining`), so hung handlers cannot pile up. Resolves
+   * after shutdown with the jobs whose handlers never settled within the grace period.
+   *
+   * @example
+   * const { unsettled } = await client.work({ types: ['report'], concurrency: 4, signal }, handler)
    */
-  async work(options: WorkOptions, handler: Handler): Promise<void> {
+  async work(options: WorkOptions, handler: Handler): Promise<WorkResult> {
     const concurrency = options.concurrency ?? 1
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new FencegateClientError('invalid_option', 'concurrency must be a positive integer')
     const base: ClaimOptions = { workerId: options.workerId ?? randomWorkerId(), wait: options.claimWait ?? 5, ...(options.types ? { types: options.types } : {}) }
@@ -137,7 +145,27 @@ export class FencegateClient {
     const claim: Claim = concurrency === 1
       ? async () => { const one = await this.claim(base); return one ? [one] : [] }
       : (max) => this.claimBatch({ ...base, max })
-    return workLoop(claim, concurrency, options, handler)
+    const slots = new Slots(concurrency, options.onEvent ?? (() => undefined))
+    this.loops.add(slots)
+    try {
+      return await workLoop(claim, slots, options, handler)
+    } finally {
+      this.loops.delete(slots)
+    }
+  }
+
+  /**
+   * Slots of this client's running `work()` loops that hold a handler whose lease has
+   * ended (lost, cancelled or released) and which has not settled yet. Such a slot
+   * claims nothing until its handler settles.
+   *
+   * @example
+   * health.gauge('draining_slots', client.drainingSlots)
+   */
+  get drainingSlots(): number {
+    let n = 0
+    for (const slots of this.loops) n += slots.drainingCount
+    return n
   }
 }
 

@@ -10,7 +10,8 @@
  */
 export { FencegateClient } from './client.js'
 export type { ClaimOptions, FencegateClientOptions } from './client.js'
-export type { Handler, WorkEvent, WorkOptions } from './work.js'
+export type { DrainReason, SlotEvent } from './slots.js'
+export type { Handler, WorkEvent, WorkOptions, WorkResult } from './work.js'
 export { FencegateClientError, GatewayUnreachable, JobCancelled, LeaseLost, OwnershipUnknown, PermanentFailure, ProblemError } from './errors.js'
 export type { LostReason } from './errors.js'
 export type { FetchLike } from './http.js'

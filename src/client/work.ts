@@ -1,6 +1,7 @@
-import { FencegateClientError, GatewayUnreachable, JobCancelled, LeaseLost, PermanentFailure } from './errors.js'
+import { FencegateClientError, GatewayUnreachable, PermanentFailure, type LeaseLost } from './errors.js'
 import { pause } from './http.js'
 import type { Lease } from './lease.js'
+import { endedBy, type Slots, type SlotEvent } from './slots.js'
 import type { Job } from './types.js'
 
 /**
@@ -11,7 +12,10 @@ export interface WorkOptions {
   types?: string[]
   /** Jobs run at once. Default 1. */
   concurrency?: number
-  /** Aborting it stops claiming; in-flight jobs get `shutdownGraceMs` to finish, then are released. */
+  /**
+   * Aborting it stops claiming; running and draining handlers get `shutdownGraceMs` to settle. Then the jobs
+   * still running are released, and `work()` resolves without waiting further, naming the handlers that never settled.
+   */
   signal: AbortSignal
   workerId?: string
   /** Default 10 s. */
@@ -33,6 +37,7 @@ export type WorkEvent =
   | { type: 'failed'; jobId: string; fence: string; state: string }
   | { type: 'lost' | 'cancelled' | 'released'; jobId: string; fence: string; reason: string }
   | { type: 'error'; jobId?: string; fence?: string; code: string }
+  | SlotEvent
 
 /**
  * A handler runs one job under its lease; what it returns is the job's result.
@@ -54,19 +59,33 @@ export type Claim = (max: number) => Promise<Claimed[]>
 type Emit = (e: WorkEvent) => void
 
 /**
+ * What `work()` resolves with once it has shut down.
+ *
+ * @example
+ * const { unsettled } = await client.work({ types: ['report'], signal }, handler)
+ * if (unsettled.length) log.warn('handlers still running after the grace period', unsettled)
+ */
+export interface WorkResult {
+  /** Jobs whose handlers had not settled when the grace period ended (their leases released or already gone). */
+  unsettled: string[]
+}
+
+/**
  * The loop behind `FencegateClient.work`: claims and runs jobs until `options.signal` aborts.
  * Above one job at a time it keeps one claim in flight, for as many jobs as there are free
  * slots (never more, so no claimed job waits with its lease running). Jobs that finish
  * while a claim is under way are refilled together by the next one, so a busy worker
- * claims in batches and an idle one long-polls once, not once per slot.
+ * claims in batches and an idle one long-polls once, not once per slot. A slot is free
+ * only once its handler settles, so handlers that ignore a lost lease cannot pile up.
  */
-export async function workLoop(claim: Claim, concurrency: number, options: WorkOptions, handler: Handler): Promise<void> {
+export async function workLoop(claim: Claim, slots: Slots, options: WorkOptions, handler: Handler): Promise<WorkResult> {
   const emit: Emit = options.onEvent ?? (() => undefined)
   const running = new Set<Promise<void>>()
+  const unsettled: string[] = []
   // The claim itself is not aborted on shutdown: an aborted claim may still take a job on the server, which
   // would then sit unowned until its lease expires. Its answer is awaited and released instead.
   for (let failures = 0; !options.signal.aborted;) {
-    const free = concurrency - running.size
+    const free = slots.size - running.size
     if (free === 0) {
       await Promise.race(running)
       continue
@@ -82,36 +101,65 @@ export async function workLoop(claim: Claim, concurrency: number, options: WorkO
     }
     for (const { job, lease } of claimed) {
       if (await admit(job, lease, options, emit) !== 'run') continue
-      const done: Promise<void> = run(job, lease, handler, options, emit).finally(() => running.delete(done))
+      const done: Promise<void> = run(job, lease, handler, { options, emit, slots })
+        .then((settled) => void (settled || unsettled.push(job.id)))
+        .finally(() => running.delete(done))
       running.add(done)
     }
   }
   await Promise.all(running)
+  return { unsettled }
 }
 
-async function run(job: Job, lease: Lease, handler: Handler, options: WorkOptions, emit: Emit): Promise<void> {
-  const settled = Promise.resolve()
+interface RunContext {
+  options: WorkOptions
+  emit: Emit
+  slots: Slots
+}
+
+type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown }
+
+/** Runs one job; resolves true once its handler has settled, false if shutdown gave up on it first. */
+async function run(job: Job, lease: Lease, handler: Handler, ctx: RunContext): Promise<boolean> {
+  const settled: Promise<Outcome> = Promise.resolve()
     .then(() => handler(job, lease))
     .then((value) => ({ ok: true as const, value }), (error: unknown) => ({ ok: false as const, error }))
-  let grace: ReturnType<typeof setTimeout> | undefined
-  let released: Promise<void> | undefined
-  const onShutdown = () => {
-    grace = setTimeout(() => (released = lease.release()), options.shutdownGraceMs ?? 10_000)
+  const grace = shutdownGrace(ctx.options, lease)
+  try {
+    const outcome = await Promise.race([settled, lease.ended.then(() => undefined)])
+    if (outcome && !lease.signal.aborted) {
+      // Settled under a live lease: the grace period no longer applies, and a release now would race the completion.
+      grace.dispose()
+      await commit(job, lease, outcome, ctx.emit)
+      return true
+    }
+    // work() resolves only once the job is given back, so a process may exit right after it.
+    await grace.released()
+    reportEnded(job, lease, ctx.emit)
+    if (outcome) return true
+    if (grace.over()) return false
+    return await drain(job, lease, settled, grace.expired, ctx.slots)
+  } finally {
+    grace.dispose()
   }
-  if (options.signal.aborted) onShutdown()
-  else options.signal.addEventListener('abort', onShutdown, { once: true })
-  // A handler that ignores its signal keeps running after the lease ends, but the slot moves on and nothing it does is sent.
-  const outcome = await Promise.race([settled, lease.ended.then(() => undefined)])
-  clearTimeout(grace)
-  options.signal.removeEventListener('abort', onShutdown)
-  // work() resolves only once the job is given back, so a process may exit right after it.
-  await released
-  const ended = () => {
-    const reason = lease.signal.reason as LeaseLost | JobCancelled
-    if (reason instanceof JobCancelled) emit({ type: 'cancelled', jobId: job.id, fence: job.fence, reason: 'cancelled' })
-    else emit({ type: reason.reason === 'released' ? 'released' : 'lost', jobId: job.id, fence: job.fence, reason: reason.reason })
-  }
-  if (!outcome || lease.signal.aborted) return ended()
+}
+
+/**
+ * The lease ended while the handler runs. Nothing more is sent under it, but the slot stays
+ * taken until the handler settles, or until the shutdown grace period ends (false).
+ */
+async function drain(job: Job, lease: Lease, settled: Promise<Outcome>, graceOver: Promise<void>, slots: Slots): Promise<boolean> {
+  // A handler that stops on lease.signal has settled by the next turn of the event loop: it never drains.
+  const soon = new Promise<void>((r) => setTimeout(r, 0))
+  if (await Promise.race([settled.then(() => true), soon.then(() => false)])) return true
+  slots.drain(job, endedBy(lease))
+  if (!(await Promise.race([settled.then(() => true), graceOver.then(() => false)]))) return false
+  slots.drained(job)
+  return true
+}
+
+/** The handler's outcome, sent under the lease: its result completes the job, its error fails the attempt. */
+async function commit(job: Job, lease: Lease, outcome: Outcome, emit: Emit): Promise<void> {
   try {
     if (outcome.ok) {
       await lease.complete(outcome.value)
@@ -121,8 +169,45 @@ async function run(job: Job, lease: Lease, handler: Handler, options: WorkOption
       emit({ type: 'failed', jobId: job.id, fence: job.fence, state })
     }
   } catch (err) {
-    if (lease.signal.aborted && !(err instanceof GatewayUnreachable)) return ended()
+    if (lease.signal.aborted && !(err instanceof GatewayUnreachable)) return reportEnded(job, lease, emit)
     emit({ type: 'error', jobId: job.id, fence: job.fence, code: err instanceof FencegateClientError ? err.code : 'error' })
+  }
+}
+
+function reportEnded(job: Job, lease: Lease, emit: Emit): void {
+  const why = endedBy(lease)
+  if (why === 'cancelled') emit({ type: 'cancelled', jobId: job.id, fence: job.fence, reason: 'cancelled' })
+  else emit({ type: why, jobId: job.id, fence: job.fence, reason: (lease.signal.reason as LeaseLost).reason })
+}
+
+/**
+ * The shutdown grace period of one job: once `signal` aborts, the handler has `shutdownGraceMs`;
+ * then the lease is released (if it still runs) and the worker stops waiting for the handler.
+ */
+function shutdownGrace(options: WorkOptions, lease: Lease) {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  let over = false
+  let released: Promise<void> | undefined
+  let markOver!: () => void
+  const expired = new Promise<void>((r) => (markOver = r))
+  const start = () => {
+    timer = setTimeout(() => {
+      over = true
+      released = lease.release()
+      markOver()
+    }, options.shutdownGraceMs ?? 10_000)
+  }
+  if (options.signal.aborted) start()
+  else options.signal.addEventListener('abort', start, { once: true })
+  return {
+    /** Resolves when the grace period ends (never, without a shutdown). */
+    expired,
+    over: () => over,
+    released: () => released,
+    dispose: () => {
+      clearTimeout(timer)
+      options.signal.removeEventListener('abort', start)
+    },
   }
 }
 
