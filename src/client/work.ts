@@ -174,6 +174,7 @@ async function commit(job: Job, lease: Lease, outcome: Outcome, emit: Emit): Pro
   }
 }
 
+/** The event for a lease that ended before its job could be completed: `cancelled`, `released` or `lost`, with the reason. */
 function reportEnded(job: Job, lease: Lease, emit: Emit): void {
   const why = endedBy(lease)
   if (why === 'cancelled') emit({ type: 'cancelled', jobId: job.id, fence: job.fence, reason: 'cancelled' })
