@@ -168,7 +168,9 @@ describe.each(backends())('worker SDK on $name', (backend) => {
     stop.abort()
     await working
     expect(attempts).toEqual(['superseded', 'superseded'])
-    expect(events.map((e) => e.type)).toEqual(['claimed', 'lost'])
+    // Its slot drains while it polls on (draining, drained), unless it happened to settle within a turn of the loss;
+    // test/client-draining.test.ts covers the slots.
+    expect(events.map((e) => e.type).filter((type) => !['draining', 'drained', 'all_slots_draining'].includes(type))).toEqual(['claimed', 'lost'])
     expect([rec.sent('/append'), rec.sent('/complete'), received('render').length]).toEqual([0, 0, 0])
     // The server refuses a commit from the old fence anyway.
     const late = await fetch(`${gw.url}/_fencegate/jobs/${job_id}/complete`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ worker_id: 'w1', fence: '1', result: { by: 'w1' } }) })
@@ -264,7 +266,8 @@ describe.each(backends())('worker SDK on $name', (backend) => {
     stop.abort()
     const claimsAtShutdown = rec.sent('/claim')
     const late = await client.start({ type: 'report', key: 'late' })
-    await working
+    // The stubborn handler never settled: work() resolves at the end of the grace period and names it.
+    expect(await working).toEqual({ unsettled: [stubborn.job_id] })
     release()
     expect(rec.sent('/claim')).toBe(claimsAtShutdown)
     expect(events.filter((e) => e.type !== 'claimed').map((e) => [e.type, e.jobId]).sort()).toEqual([['completed', polite.job_id], ['released', stubborn.job_id]].sort())

@@ -9,9 +9,11 @@
  * await client.work({ types: ['report'], signal }, async (job, lease) => ({ done: job.id, fence: lease.fence }))
  */
 export { FencegateClient } from './client.js'
-export type { ClaimOptions, FencegateClientOptions, Handler, Job, WorkEvent, WorkOptions } from './client.js'
+export type { ClaimOptions, FencegateClientOptions } from './client.js'
+export type { DrainReason, SlotEvent } from './slots.js'
+export type { Handler, WorkEvent, WorkOptions, WorkResult } from './work.js'
 export { FencegateClientError, GatewayUnreachable, JobCancelled, LeaseLost, OwnershipUnknown, PermanentFailure, ProblemError } from './errors.js'
 export type { LostReason } from './errors.js'
 export type { FetchLike } from './http.js'
 export { Lease } from './lease.js'
-export type { Ownership, StepOptions } from './types.js'
+export type { Job, Ownership, StepOptions } from './types.js'

@@ -1,6 +1,20 @@
 import type { JobApi } from './http.js'
 
 /**
+ * A claimed job, as the handler sees it.
+ *
+ * @example
+ * const { account } = job.payload as { account: string }
+ */
+export interface Job<P = unknown> {
+  id: string
+  type: string
+  payload: P
+  fence: string
+  attempt: number
+}
+
+/**
  * What the worker knows about its lease: confirmed, unconfirmed but not yet past the deadline, or gone.
  *
  * @example
