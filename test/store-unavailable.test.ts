@@ -15,7 +15,7 @@ const endpoints: { plane: 'data' | 'admin'; method: string; path: string; body?:
   { plane: 'data', method: 'POST', path: '/payments/1/capture', fence: '2' },
   { plane: 'data', method: 'POST', path: '/payments/1/capture', fence: '2', body: '{"k":1}' },
   { plane: 'data', method: 'POST', path: '/_fencegate/jobs', body: '{"type":"export","key":"e-1"}' },
-  { plane: 'data', method: 'POST', path: '/_fencegate/jobs/claim', body: '{"worker_id":"w1"}' },
+  { plane: 'data', method: 'POST', path: '/_fencegate/jobs/claim', body: '{"worker_id":"ops/w1"}' },
   { plane: 'data', method: 'GET', path: '/_fencegate/jobs/1' },
   { plane: 'admin', method: 'GET', path: '/audit' },
   { plane: 'admin', method: 'GET', path: '/audit?format=csv' },
