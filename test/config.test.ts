@@ -79,7 +79,7 @@ describe('parseConfig defaults', () => {
     expect(r).toMatchObject({
       idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, on_unknown_outcome: 'fail',
       transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {}, attest: false,
-      upstream_dedupes_keys: false, replay_headers: [],
+      upstream_dedupes_keys: false, upstream_key: 'as_sent', replay_headers: [],
     })
     expect(r.retry_hint_header).toBeUndefined()
     expect(r.idempotency_wait).toBeUndefined()

@@ -36,6 +36,12 @@ export const routeSchema = z.object({
   on_unknown_outcome: z.enum(['fail', 'retry']).default('fail'),
   /** The upstream de-duplicates Idempotency-Key itself (Stripe does): an unknown outcome is retried with the same key. */
   upstream_dedupes_keys: z.boolean().default(false),
+  /**
+   * The Idempotency-Key the upstream gets: the client's `as_sent`, or `tenant_scoped`: one of
+   * fencegate's own per tenant and key (`fg1-` and a SHA-256), for an upstream whose one
+   * credential serves every tenant, where two tenants' equal keys would be one operation.
+   */
+  upstream_key: z.enum(['as_sent', 'tenant_scoped']).default('as_sent'),
   /** A vendor header that states whether a refusal is worth retrying (`true`/`false`), e.g. Stripe-Should-Retry. */
   retry_hint_header: z.string().regex(headerName, 'expected a header name').optional(),
   /** Upstream response headers stored and replayed beside the built-in allow-list, e.g. Request-Id. */

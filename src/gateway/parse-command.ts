@@ -54,6 +54,8 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   if (trace.fence !== undefined) trace.entity = policy.entity ?? resolveEntity(route.entity!, sources)
   if (trace.key === undefined) return null
   trace.keySha256 = await ctx.digest(new TextEncoder().encode(trace.key))
+  // One upstream operation per tenant and key: tenants' equal keys never meet at a shared upstream account.
+  if (rc.upstream_key === 'tenant_scoped') trace.upstreamKey = `fg1-${await ctx.digest(new TextEncoder().encode(`${trace.identity!.tenant}\n${trace.key}`))}`
   return {
     key: trace.key,
     fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),

@@ -17,6 +17,8 @@ export interface Trace {
   fence?: string
   key?: string
   keySha256?: string
+  /** The Idempotency-Key sent upstream on a `upstream_key: tenant_scoped` route. */
+  upstreamKey?: string
   bodySha256?: string | null
   ruleVersion?: number
   /** The delivery order the route or an entity rule asks for. */

@@ -37,6 +37,7 @@ function outgoingHeaders(o: Outgoing, trace: Trace): HeaderList {
     const value = request.headers.get(name)
     if (value !== null) headers.set(name, value)
   }
+  if (trace.upstreamKey) headers.set('idempotency-key', trace.upstreamKey)
   // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
   headers.delete(attestationHeader)
   return headers

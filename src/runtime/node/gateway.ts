@@ -131,6 +131,11 @@ export async function startGateway(options: {
   purge.unref()
   const dataUrl = urlOf(data, config.server.host)
   const adminUrl = urlOf(adminServer, config.server.admin_host)
+  // Tenants that send equal keys to an upstream that dedupes them with one shared credential
+  // would be one operation there (docs/configuration.md, upstream_key).
+  for (const r of config.routes) {
+    if (config.auth.mode === 'jwt' && r.upstream_dedupes_keys && r.idempotency !== 'off' && r.upstream_key === 'as_sent') log.warn('upstream_keys_shared', { route: r.name })
+  }
   log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length, ...(cluster ? { pid: process.pid } : {}) })
   return {
     dataUrl,
