@@ -245,9 +245,9 @@ describe('the claim wake on its own', () => {
   it('keeps a notification that lands while the claim runs for its next wait, and wakes only waiters of that type', async () => {
     let notify!: (type: string) => void
     const wake = createClaimWake({ listen: async (onType) => ((notify = onType), async () => {}), fallbackMs: notificationOnly })
-    const report = await wake.register(['report'], performance.now() + 60_000)
-    const other = await wake.register(['other'], performance.now() + 60_000)
-    notify('report')
+    const report = await wake.register(['report'], performance.now() + 60_000, 'acme')
+    const other = await wake.register(['other'], performance.now() + 60_000, 'acme')
+    notify('report:acme')
     const never = new AbortController()
     expect(await report.next(performance.now() + 60_000, never.signal)).toBe('notified')
     const aborted = new AbortController()
@@ -260,15 +260,27 @@ describe('the claim wake on its own', () => {
     expect(wake.stats()).toMatchObject({ registered: 0, waiting: 0, notified: 0 })
   })
 
+  it('wakes only the waiters of the notified tenant (a start in one tenant woke every tenant\'s waiters)', async () => {
+    let notify!: (payload: string) => void
+    const wake = createClaimWake({ listen: async (onType) => ((notify = onType), async () => {}), fallbackMs: notificationOnly })
+    const acme = await wake.register(['report'], performance.now() + 60_000, 'acme')
+    notify('report:globex')
+    const never = new AbortController()
+    expect(await acme.next(performance.now() + 50, never.signal)).toBe('deadline')
+    notify('report:acme')
+    expect(await acme.next(performance.now() + 60_000, never.signal)).toBe('notified')
+    acme.release()
+  })
+
   it('the first waiter waits for the LISTEN, but never past its own deadline', async () => {
     const slow = deferred()
     const wake = createClaimWake({ listen: () => slow.promise, fallbackMs: notificationOnly })
     let registered = false
-    const first = wake.register(['report'], performance.now() + 60_000).then((w) => ((registered = true), w))
+    const first = wake.register(['report'], performance.now() + 60_000, 'acme').then((w) => ((registered = true), w))
     await until('the LISTEN was asked for', () => wake.stats().registered === 1)
     expect(registered).toBe(false)
     // A second waiter with a short deadline does not wait for the LISTEN past it.
-    const second = await wake.register(['report'], performance.now() + 20)
+    const second = await wake.register(['report'], performance.now() + 20, 'acme')
     expect(wake.stats().listening).toBe(false)
     slow.resolve(async () => {})
     const w = await first
@@ -280,15 +292,15 @@ describe('the claim wake on its own', () => {
   it('without a LISTEN (or after it failed) waiters poll on the tick, and the LISTEN is retried at most once per tick', async () => {
     expect(defaultFallbackMs).toBe(1000)
     const polling = createClaimWake({ fallbackMs: 10 })
-    const p = await polling.register(['report'], performance.now() + 60_000)
+    const p = await polling.register(['report'], performance.now() + 60_000, 'acme')
     expect(await p.next(performance.now() + 60_000, new AbortController().signal)).toBe('tick')
     expect(polling.stats()).toMatchObject({ listening: false, ticks: 1 })
     p.release()
 
     let attempts = 0
     const failing = createClaimWake({ listen: async () => { attempts++; throw new Error('store down') }, fallbackMs: notificationOnly })
-    const a = await failing.register(['report'], performance.now() + 60_000)
-    const b = await failing.register(['report'], performance.now() + 60_000)
+    const a = await failing.register(['report'], performance.now() + 60_000, 'acme')
+    const b = await failing.register(['report'], performance.now() + 60_000, 'acme')
     expect(attempts).toBe(1)
     expect(failing.stats().listening).toBe(false)
     a.release()

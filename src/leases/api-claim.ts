@@ -27,7 +27,7 @@ export async function claimHandler(ctx: JobsContext, { request, requestId, ident
   // The deadline is a request timeout, so the process's monotonic clock is right for it;
   // whether a job is due or a lease expired is decided by the claim statement on the database clock.
   const deadline = performance.now() + body.wait * 1000
-  const waiter = await ctx.wake.register(wanted.map((t) => t.name), deadline)
+  const waiter = await ctx.wake.register(wanted.map((t) => t.name), deadline, identity.tenant)
   try {
     for (;;) {
       const claimed = answer(await claimRound(ctx, claim))

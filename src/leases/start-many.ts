@@ -65,7 +65,7 @@ export async function startJobs(db: Db, tenant: string, items: StartItem[]): Pro
       WHERE c.job_id = s.id AND s.state = 'queued' AND s.attempt = 0 AND s.cursor_length = 0
     ), woken AS (
       -- One notification per type is enough to wake its waiting claims (src/leases/wake.ts).
-      SELECT pg_notify(${jobsChannel}, type) FROM (
+      SELECT pg_notify(${jobsChannel}, type || ':' || ${tenant}::text) FROM (
         SELECT type FROM joined WHERE created UNION SELECT type FROM restarted WHERE state = 'queued') AS t
     ), started AS (
       SELECT * FROM joined UNION ALL SELECT * FROM restarted

@@ -52,7 +52,7 @@ export async function startJob(db: Db, s: { tenant: string; type: string; key: s
       WHERE c.job_id = s.id AND ${s.restart}::boolean AND s.state = 'queued' AND s.attempt = 0 AND s.cursor_length = 0
     ), woken AS (
       -- Wakes waiting claims (src/leases/wake.ts). NOTIFY is delivered at commit, so no claim wakes before it can see the row.
-      SELECT pg_notify(${jobsChannel}, s.type) FROM started AS s WHERE s.state = 'queued' AND (s.created OR ${s.restart}::boolean)
+      SELECT pg_notify(${jobsChannel}, s.type || ':' || ${s.tenant}::text) FROM started AS s WHERE s.state = 'queued' AND (s.created OR ${s.restart}::boolean)
     )
     -- Joining the count makes the woken CTE run: an unreferenced SELECT in WITH would not.
     SELECT id::text AS job_id, state, created, result FROM started CROSS JOIN (SELECT count(*) FROM woken) AS w`
@@ -158,7 +158,7 @@ export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, 
     RETURNING j.state, j.type
     ), woken AS (
       -- Back in the queue: wake waiting claims at commit (they find it once its backoff has passed).
-      SELECT pg_notify(${jobsChannel}, type) FROM failed WHERE state = 'queued'
+      SELECT pg_notify(${jobsChannel}, type || ':' || ${h.tenant}::text) FROM failed WHERE state = 'queued'
     )
     SELECT state FROM failed CROSS JOIN (SELECT count(*) FROM woken) AS w`
   return row
@@ -188,7 +188,7 @@ export async function release(db: Db, h: Holder) {
       RETURNING state, type, attempt
     ), woken AS (
       -- Claimable at once: wake waiting claims at commit, as start and a retryable fail do.
-      SELECT pg_notify(${jobsChannel}, type) FROM released WHERE state = 'queued'
+      SELECT pg_notify(${jobsChannel}, type || ':' || ${h.tenant}::text) FROM released WHERE state = 'queued'
     )
     SELECT state, type, attempt FROM released CROSS JOIN (SELECT count(*) FROM woken) AS w`
   return row

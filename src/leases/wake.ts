@@ -3,12 +3,22 @@ import { storeCode } from '../store/db.js'
 
 /**
  * The channel the job statements notify when a job becomes claimable (start, restart,
- * a retryable fail back to `queued`, a release); the payload is the job's type.
+ * a retryable fail back to `queued`, a release); the payload is the job's type and tenant (`wakeKey`).
  *
  * @example
  * await db.listen?.(jobsChannel, (type) => console.log(`a ${type} job may be claimable`))
  */
 export const jobsChannel = 'fencegate_jobs'
+
+/**
+ * A notification's payload: the job's type and tenant, as the statements send it
+ * (`type || ':' || tenant`), so a start wakes the waiting claims of its own tenant only.
+ *
+ * @example wakeKey('report', 'acme') // 'report:acme'
+ */
+export function wakeKey(type: string, tenant: string): string {
+  return `${type}:${tenant}`
+}
 
 /** Subscribes to {@link jobsChannel}: a `Db.listen` bound to that channel. */
 export type ListenForWork = (onType: (type: string) => void, onReconnect: () => void) => Promise<() => Promise<void>>
@@ -50,7 +60,7 @@ export interface ClaimWake {
    * LISTEN is active (waiting for it at most until `deadline`). Notifications are
    * latched from here on, so one that lands while the claim runs is never lost.
    */
-  register(types: string[], deadline: number): Promise<Waiter>
+  register(types: string[], deadline: number, tenant: string): Promise<Waiter>
   stats(): WakeStats
   /** Unlistens; waiters still registered fall back to the tick. */
   close(): Promise<void>
@@ -80,7 +90,7 @@ export const defaultFallbackMs = 1000
  *
  * @example
  * const wake = createClaimWake({ listen: jobs.listenForWork })
- * const waiter = await wake.register(['report'], performance.now() + 10_000)
+ * const waiter = await wake.register(['report'], performance.now() + 10_000, 'acme')
  * try {
  *   while (!(await claim()) && (await waiter.next(deadline, request.signal)) !== 'aborted') {}
  * } finally {
@@ -98,8 +108,9 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
   let retryAt = 0
   let closed = false
 
-  const onType = (type: string) => {
-    for (const w of waiters) if (w.types.has(type)) w.wake('notified')
+  // The payload is `type:tenant` (a type name has no colon): only that tenant's waiters of that type wake.
+  const onType = (payload: string) => {
+    for (const w of waiters) if (w.types.has(payload)) w.wake('notified')
   }
   // Whatever was notified while the connection was down is lost: every waiter looks again.
   const onReconnect = () => {
@@ -129,8 +140,8 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
   }
 
   return {
-    async register(types, deadline) {
-      const waiter = new WaiterState(new Set(types), shared)
+    async register(types, deadline, tenant) {
+      const waiter = new WaiterState(new Set(types.map((type) => wakeKey(type, tenant))), shared)
       waiters.add(waiter)
       // The first claim must not run before LISTEN is active, or a job started in between
       // would wait for the tick; but never wait for the LISTEN past the claim's own deadline.
