@@ -92,7 +92,7 @@ export async function runFaultsBench(): Promise<number> {
     console.log('store.connect_timeout: 1s (default)')
     await killBurst(cluster, gateway)
     await outage(cluster, gateway)
-    await runFailoverBench(bin, `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`)
+    await runFailoverBench(bin)
     return gateway.child.exitCode === null ? 0 : 1
   } finally {
     await gateway.stop()

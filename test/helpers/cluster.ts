@@ -48,6 +48,19 @@ export function run(bin: string, args: string[]): void {
   execFileSync(cmd, argv, { stdio: 'ignore' })
 }
 
+/**
+ * `run` without blocking the event loop: for a measurement whose own clock (HTTP answers,
+ * arrivals at an upstream) must keep ticking while `pg_ctl` waits.
+ */
+export function runAsync(bin: string, args: string[]): Promise<void> {
+  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, argv, { stdio: 'ignore' })
+    child.once('error', reject)
+    child.once('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${bin} exited with ${code}`))))
+  })
+}
+
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer()
