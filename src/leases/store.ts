@@ -2,7 +2,7 @@ import type { JobType } from '../config/schema.js'
 import type { Schedule } from '../store/batch.js'
 import type { Db } from '../store/db.js'
 import { claimJobs, type Claimed, type ClaimedRow, type ClaimRequest } from './claim.js'
-import { localDurability, type Durability } from '../store/durability.js'
+import { durably, localDurability, type Durability } from '../store/durability.js'
 import { compareLsn, readPosition, type WalPosition } from '../store/wal.js'
 import { createJobCompleter, type CompletionAudit } from './complete.js'
 import { typesJson } from './job-types.js'
@@ -73,9 +73,7 @@ export async function claimOne(db: Db, c: { tenant: string; workerId: string; ty
  * a second worker. The position columns stay here.
  */
 async function durableClaim(durability: Durability, claim: () => Promise<ClaimedRow[]>): Promise<Claimed[]> {
-  durability.admit()
-  const rows = await durability.during(claim())
-  await durability.observe(latestPosition(rows.map(readPosition)))
+  const rows = await durably(durability, claim, (claimed) => latestPosition(claimed.map(readPosition)))
   return rows.map(({ fg_wal: _w, fg_lsn: _l, fg_boot: _b, ...claimed }) => claimed)
 }
 

@@ -145,18 +145,33 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
     },
     async observe(position) {
       if (!position) return
-      if (checking || !known || position.timeline !== known.timeline || position.boot !== known.boot) {
-        if (known && !checking && (position.timeline !== known.timeline || position.boot !== known.boot)) {
-          const state = await readStoreState(db)
-          if (state) await judge(state)
-        }
-        await checking
+      const moved = known !== undefined && (position.timeline !== known.timeline || position.boot !== known.boot)
+      if (moved && !checking) {
+        const state = await readStoreState(db)
+        if (state) await judge(state)
       }
+      if (checking) await checking
       if (refusal) throw refusal
       if (position.lsn && known && position.timeline === known.timeline && (!acked || compareLsn(position.lsn, acked) > 0)) acked = position.lsn
     },
     close: () => clearInterval(timer),
   }
+}
+
+/**
+ * Runs a store decision the way every one that hands out a fence or a key must: admitted by
+ * the durability, raced against replication being lost (`during`), and its WAL position
+ * checked before its result may be acted on. Reservations (src/store/store.ts) and claims
+ * (src/leases/store.ts) both go through it.
+ *
+ * @example
+ * const { reservation } = await durably(durability, () => reserve(db, command), (r) => r.position)
+ */
+export async function durably<T>(durability: Durability, run: () => Promise<T>, positionOf: (result: T) => WalPosition | undefined): Promise<T> {
+  durability.admit()
+  const result = await durability.during(run())
+  await durability.observe(positionOf(result))
+  return result
 }
 
 /** `pending`'s value, or undefined when it takes longer than `ms` (its failure counts the same). */

@@ -1,5 +1,5 @@
 import type { Db } from './db.js'
-import { localDurability, type Durability } from './durability.js'
+import { durably, localDurability, type Durability } from './durability.js'
 import { bumpFence, type Bump, type BumpResult } from './fences.js'
 import { acquireSlot, releaseSlot, type SlotDecision, type SlotRequest } from './ordering.js'
 import { createCompleter, type Completion, type Schedule } from './completions.js'
@@ -90,10 +90,7 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
   const durability = options.durability ?? localDurability
   return {
     async reserve(command) {
-      durability.admit()
-      const { reservation, position } = await durability.during(reserve(db, command))
-      await durability.observe(position)
-      return reservation
+      return (await durably(durability, () => reserve(db, command), (r) => r.position)).reservation
     },
     complete: completer.complete,
     release: (held) => release(db, held),
