@@ -1,7 +1,7 @@
 import { z } from 'zod'
 import { parseDuration } from '../config/units.js'
 import { maxFence, parseFence } from '../gateway/fence.js'
-import type { Identity } from '../http/identity.js'
+import { adminScope, type Identity } from '../http/identity.js'
 import { maxEntityLength } from '../gateway/route.js'
 import { FencegateError, storeUnavailable } from '../http/problems.js'
 import { StoreError } from '../store/db.js'
@@ -15,7 +15,6 @@ import type { AuditFilter, AuditItem, AuditQuery, Store } from '../store/store.j
 
 export type AdminEnv = { Variables: { requestId: string; identity: Identity } }
 
-const adminScope = 'fencegate:admin'
 const auditScope = 'fencegate:audit'
 
 /**

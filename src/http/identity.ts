@@ -14,6 +14,9 @@ export interface Identity {
   scopes: ReadonlySet<string> | null
 }
 
+/** The operators' scope: every admin endpoint, every tenant, every job API verb. */
+export const adminScope = 'fencegate:admin'
+
 /** Establishes the identity of a request, or throws `unauthenticated` / `tenant_missing`. */
 export type Authenticate = (request: { headers: HeaderView }) => Promise<Identity>
 

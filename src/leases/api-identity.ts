@@ -1,4 +1,4 @@
-import type { Identity } from '../http/identity.js'
+import { adminScope, type Identity } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
 
 /**
@@ -16,8 +16,6 @@ export const jobScopes = {
 } as const
 
 export type JobScope = (typeof jobScopes)[keyof typeof jobScopes]
-
-const adminScope = 'fencegate:admin'
 
 /**
  * Refuses a caller whose token lacks `scope` (or `fencegate:admin`): `403 insufficient_scope`.

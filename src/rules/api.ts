@@ -1,6 +1,6 @@
 import { Hono } from 'hono'
 import { z } from 'zod'
-import type { Identity } from '../http/identity.js'
+import { adminScope, type Identity } from '../http/identity.js'
 import { FencegateError, storeUnavailable } from '../http/problems.js'
 import type { RuleRegistry } from './registry.js'
 import { RuleError, type RawRule } from './schema.js'
@@ -9,7 +9,6 @@ import { StoreError, type Db } from '../store/db.js'
 
 type Env = { Variables: { requestId: string; identity: Identity } }
 
-const adminScope = 'fencegate:admin'
 const namePattern = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/
 const maxRuleBytes = 64 * 1024
 
