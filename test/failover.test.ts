@@ -4,7 +4,7 @@ import { openDb, startGateway, type RunningGateway } from '../src/runtime/node/g
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post, route, testConfig } from './helpers/gateway.js'
 import { startPair, type ReplicatedPair } from './helpers/replicated.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
  * A primary that fails over, on real clusters: a primary and a streaming hot standby made by
@@ -85,16 +85,12 @@ describe.skipIf(!bin)('a store that fails over', () => {
   let pair: ReplicatedPair | undefined
   let clusters: Cluster[] = []
   let gateways: RunningGateway[] = []
-  let upstream: TestUpstream
-  const executions = new Map<string, number>()
+  // Started with the first gateway; every test after the first reuses it.
+  let upstream: Awaited<ReturnType<typeof startKeyCountingUpstream>>
+  const executions = () => upstream.executions
 
   const start = async (url: string, lines: LogLine[], store: Record<string, unknown> = {}) => {
-    upstream ??= await startUpstream((req, res) => {
-      const key = String(req.headers['idempotency-key'])
-      executions.set(key, (executions.get(key) ?? 0) + 1)
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ key }))
-    })
+    upstream ??= await startKeyCountingUpstream()
     const config = testConfig([route(upstream.url, { idempotency: 'optional', timeout_ms: 2000, idempotency_lock: '3s' })], {
       server: { port: 0, admin_port: 0 }, store: { connect_timeout: '1s', ...store }, job_types: [{ name: 'report', lease: '45s' }],
     })
@@ -114,7 +110,7 @@ describe.skipIf(!bin)('a store that fails over', () => {
     pair = undefined
     for (const c of clusters) c.destroy()
     clusters = []
-    executions.clear()
+    upstream?.executions.clear()
   })
 
   it('synchronous replication: a kill-and-promote loses no acknowledged fence, executes no key twice, and the same gateway serves on the new primary', async () => {
@@ -144,7 +140,7 @@ describe.skipIf(!bin)('a store that fails over', () => {
     for (const [key, { entity, fence }] of run.keys) {
       const again = await post(`${gw.dataUrl}/payments/${entity}/capture`, String(fence), { headers: { 'idempotency-key': key } })
       if (fence === run.acked.get(entity)) expect(again.status, key).toBe(200)
-      expect(executions.get(key), key).toBe(1)
+      expect(executions().get(key), key).toBe(1)
     }
     expect([...run.answers.keys()].every((a) => ['200', '503:store_unavailable', '409:request_in_progress', '502:outcome_unknown'].includes(a)), JSON.stringify([...run.answers])).toBe(true)
     expect(lines.find((l) => l.event === 'store_failover')?.fields).toMatchObject({ from_timeline: 1, to_timeline: 2 })

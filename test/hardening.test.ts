@@ -1,8 +1,8 @@
 import { connect } from 'node:net'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { backends, type TestDb } from './helpers/backends.js'
-import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { describe, expect, it } from 'vitest'
+import { backends } from './helpers/backends.js'
+import { sharedGateway } from './helpers/fresh-gateway.js'
+import { post, route, startTestGateway, testConfig } from './helpers/gateway.js'
 
 /** Sends bytes exactly as written (fetch would normalise the target) and returns the status line and body. */
 function raw(url: string, request: string): Promise<{ status: number; body: string }> {
@@ -24,20 +24,9 @@ function raw(url: string, request: string): Promise<{ status: number; body: stri
 const postTo = (target: string, extra = '') => `POST ${target} HTTP/1.1\r\nhost: gateway.test\r\nx-execution-fence: 1\r\ncontent-length: 2\r\n${extra}connection: close\r\n\r\n{}`
 
 describe('the configured upstream is the only destination', () => {
-  let t: TestDb
-  let upstream: TestUpstream
-  let gw: TestGateway
-
-  beforeAll(async () => {
-    t = await backends()[0]!.open()
-    upstream = await startUpstream()
-    gw = await startTestGateway({ config: testConfig([route(upstream.url), route(upstream.url, { name: 'admin', path: '/admin', fence: 'off', entity: undefined })]), store: t.store })
-  })
-  afterAll(async () => {
-    await gw.close()
-    await upstream.close()
-    await t.close()
-  })
+  const fx = sharedGateway(backends()[0]!, ({ upstream }) => ({
+    config: testConfig([route(upstream.url), route(upstream.url, { name: 'admin', path: '/admin', fence: 'off', entity: undefined })]),
+  }))
 
   it.each([
     ['/payments/../admin', 'dot segments'],
@@ -61,9 +50,9 @@ describe('the configured upstream is the only destination', () => {
     ['http://evil.example/payments/1/capture', 'origin-form'],
     ['//evil.example/payments/1/capture', null],
   ])('refuses %s before routing', async (target, reason) => {
-    const before = upstream.received.length
-    const res = await raw(gw.url, postTo(target))
-    expect(upstream.received.length).toBe(before)
+    const before = fx.upstream.received.length
+    const res = await raw(fx.gw.url, postTo(target))
+    expect(fx.upstream.received.length).toBe(before)
     if (reason) {
       expect(res.status).toBe(400)
       expect(JSON.parse(res.body)).toMatchObject({ code: 'invalid_request' })
@@ -74,36 +63,36 @@ describe('the configured upstream is the only destination', () => {
   })
 
   it("keeps the client's X-Request-Id on a refused target", async () => {
-    const res = await raw(gw.url, postTo('/payments/../admin', 'x-request-id: mine-1\r\n'))
+    const res = await raw(fx.gw.url, postTo('/payments/../admin', 'x-request-id: mine-1\r\n'))
     expect(JSON.parse(res.body).request_id).toBe('mine-1')
   })
 
   it('ignores Host games: the upstream is reached at its own address', async () => {
-    const res = await raw(gw.url, postTo('/payments/1/capture', 'x-forwarded-host: evil.example\r\n'))
+    const res = await raw(fx.gw.url, postTo('/payments/1/capture', 'x-forwarded-host: evil.example\r\n'))
     expect(res.status).toBe(200)
-    const last = upstream.received.at(-1)!
-    expect(last.headers.host).toBe(new URL(upstream.url).host)
+    const last = fx.upstream.received.at(-1)!
+    expect(last.headers.host).toBe(new URL(fx.upstream.url).host)
   })
 
   it('answers oversized headers with 431 and forwards nothing', async () => {
-    const before = upstream.received.length
-    const res = await raw(gw.url, postTo('/payments/1/capture', `x-big: ${'a'.repeat(20_000)}\r\n`))
+    const before = fx.upstream.received.length
+    const res = await raw(fx.gw.url, postTo('/payments/1/capture', `x-big: ${'a'.repeat(20_000)}\r\n`))
     expect(res.status).toBe(431)
-    expect(upstream.received.length).toBe(before)
+    expect(fx.upstream.received.length).toBe(before)
   })
 
   it('applies server.max_header_bytes, below Node\'s own default', async () => {
-    const small = await startTestGateway({ config: testConfig([route(upstream.url)], { server: { max_header_bytes: 4096 } }), store: t.store })
+    const small = await startTestGateway({ config: testConfig([route(fx.upstream.url)], { server: { max_header_bytes: 4096 } }), store: fx.t.store })
     try {
       expect((await raw(small.url, postTo('/payments/9/capture', `x-mid: ${'a'.repeat(6000)}\r\n`))).status).toBe(431)
-      expect((await raw(gw.url, postTo('/payments/9/capture', `x-mid: ${'a'.repeat(6000)}\r\n`))).status).toBe(200)
+      expect((await raw(fx.gw.url, postTo('/payments/9/capture', `x-mid: ${'a'.repeat(6000)}\r\n`))).status).toBe(200)
     } finally {
       await small.close()
     }
   })
 
   it('refuses an entity longer than 512 characters', async () => {
-    const res = await post(`${gw.url}/payments/${'x'.repeat(600)}/capture`, '1')
+    const res = await post(`${fx.gw.url}/payments/${'x'.repeat(600)}/capture`, '1')
     expect([res.status, res.json.code]).toEqual([400, 'entity_unresolved'])
   })
 })

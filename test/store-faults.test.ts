@@ -3,7 +3,7 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
 import { startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
  * The store's bad days, at process level: a throwaway PostgreSQL cluster of this file's
@@ -24,19 +24,15 @@ const documented = new Set(['200', '409:request_in_progress', '502:outcome_unkno
 
 describe.skipIf(!bin)('store faults on a throwaway PostgreSQL cluster', () => {
   let cluster: Cluster
-  let upstream: TestUpstream
+  let upstream: Awaited<ReturnType<typeof startKeyCountingUpstream>>
   let gateways: GatewayProcess[] = []
   let args: string[] = []
-  const executions = new Map<string, number>()
+  let executions = new Map<string, number>()
 
   beforeAll(async () => {
     cluster = await startCluster(bin!)
-    upstream = await startUpstream((req, res) => {
-      const key = String(req.headers['idempotency-key'])
-      executions.set(key, (executions.get(key) ?? 0) + 1)
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ key, fence: req.headers['x-execution-fence'] }))
-    })
+    upstream = await startKeyCountingUpstream()
+    executions = upstream.executions
     const config = writeConfig({
       server: { port: 0, admin_port: 0 },
       store: { connect_timeout: `${connectTimeoutMs}ms` },

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
 import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
-import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
  * `fencegate serve --workers 2`: one supervisor, two worker processes on the same ports and
@@ -33,18 +33,14 @@ const alive = (pid: number) => {
 
 describe.skipIf(!bin)('a gateway of two workers', () => {
   let cluster: Cluster
-  let upstream: TestUpstream
+  let upstream: Awaited<ReturnType<typeof startKeyCountingUpstream>>
   let gw: GatewayProcess
-  const executions = new Map<string, number>()
+  let executions = new Map<string, number>()
 
   beforeAll(async () => {
     cluster = await startCluster(bin!)
-    upstream = await startUpstream((req, res) => {
-      const key = String(req.headers['idempotency-key'])
-      executions.set(key, (executions.get(key) ?? 0) + 1)
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end('{}')
-    })
+    upstream = await startKeyCountingUpstream()
+    executions = upstream.executions
     const config = writeConfig({
       server: { port: 0, admin_port: 0, workers: 2 },
       store: { max_connections: 8 },

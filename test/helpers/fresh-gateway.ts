@@ -1,4 +1,4 @@
-import { afterEach, beforeEach } from 'vitest'
+import { afterAll, afterEach, beforeAll, beforeEach } from 'vitest'
 import type { Backend, TestDb } from './backends.js'
 import { startTestGateway, type TestGateway } from './gateway.js'
 import { startUpstream, type TestUpstream } from './upstream.js'
@@ -22,16 +22,31 @@ export interface FreshGateway {
  * it('...', async () => { await post(`${fx.gw.url}/payments/1/capture`, '1') })
  */
 export function freshGateway(backend: Backend, options: (f: Omit<FreshGateway, 'gw'>) => GatewayOptions | Promise<GatewayOptions>): FreshGateway {
+  return gatewayPer(beforeEach, afterEach, backend, options)
+}
+
+/**
+ * The same, once for the whole describe block: its tests share the database, the upstream
+ * and the gateway (and see each other's requests in `upstream.received`).
+ *
+ * @example
+ * const fx = sharedGateway(backends()[0]!, ({ upstream }) => ({ config: testConfig([route(upstream.url)]) }))
+ */
+export function sharedGateway(backend: Backend, options: (f: Omit<FreshGateway, 'gw'>) => GatewayOptions | Promise<GatewayOptions>): FreshGateway {
+  return gatewayPer(beforeAll, afterAll, backend, options)
+}
+
+function gatewayPer(before: typeof beforeAll, after: typeof afterAll, backend: Backend, options: (f: Omit<FreshGateway, 'gw'>) => GatewayOptions | Promise<GatewayOptions>): FreshGateway {
   const f = {} as FreshGateway
-  beforeEach(async () => {
+  before(async () => {
     f.t = await backend.open()
     f.upstream = await startUpstream()
     f.gw = await startTestGateway({ ...await options(f), store: f.t.store })
   })
-  afterEach(async () => {
-    await f.gw.close()
-    await f.upstream.close()
-    await f.t.close()
+  after(async () => {
+    await f.gw?.close()
+    await f.upstream?.close()
+    await f.t?.close()
   })
   return f
 }

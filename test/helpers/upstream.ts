@@ -67,6 +67,21 @@ export async function startUpstream(handler: UpstreamHandler = echo): Promise<Te
   }
 }
 
+/**
+ * The oracle of "each key executes once": an upstream that counts the requests of each
+ * `Idempotency-Key` in `executions` and answers 200 with the key and fence it got.
+ */
+export async function startKeyCountingUpstream(): Promise<TestUpstream & { executions: Map<string, number> }> {
+  const executions = new Map<string, number>()
+  const upstream = await startUpstream((req, res) => {
+    const key = String(req.headers['idempotency-key'])
+    executions.set(key, (executions.get(key) ?? 0) + 1)
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ key, fence: req.headers['x-execution-fence'] }))
+  })
+  return Object.assign(upstream, { executions })
+}
+
 /** A port on loopback that nothing listens on (bound, then released). */
 export async function closedPort(): Promise<number> {
   const server = createServer()
