@@ -41,10 +41,15 @@ export function postgresBinaries(): string | undefined {
 // PostgreSQL refuses to run as root; as root the cluster belongs to the `postgres` user.
 const asRoot = process.getuid?.() === 0
 
+/** The command line that runs `bin` as the `postgres` user when this process is root. */
+export function asPostgres(bin: string, args: string[]): [string, string[]] {
+  return asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
+}
+
 // No pipes: the server that `pg_ctl start` leaves running would hold them open, and the
 // call would wait for it to exit. Its output goes to the cluster's log file instead.
 export function run(bin: string, args: string[]): void {
-  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
+  const [cmd, argv] = asPostgres(bin, args)
   execFileSync(cmd, argv, { stdio: 'ignore' })
 }
 
@@ -53,7 +58,7 @@ export function run(bin: string, args: string[]): void {
  * arrivals at an upstream) must keep ticking while `pg_ctl` waits.
  */
 export function runAsync(bin: string, args: string[]): Promise<void> {
-  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, ...args]] : [bin, args]
+  const [cmd, argv] = asPostgres(bin, args)
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, argv, { stdio: 'ignore' })
     child.once('error', reject)
@@ -142,7 +147,7 @@ export async function startPgbouncer(bin: string, cluster: Cluster): Promise<Poo
     'auth_type = trust', `auth_file = ${join(dir, 'users.txt')}`, 'pool_mode = transaction',
     'default_pool_size = 5', 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits',
   ].join('\n'))
-  const [cmd, argv] = asRoot ? ['runuser', ['-u', 'postgres', '--', bin, join(dir, 'pgbouncer.ini')]] : [bin, [join(dir, 'pgbouncer.ini')]]
+  const [cmd, argv] = asPostgres(bin, [join(dir, 'pgbouncer.ini')])
   const child = spawn(cmd, argv, { stdio: 'ignore' })
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
   // Ready once it accepts a query (bounded: 100 tries).

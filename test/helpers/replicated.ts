@@ -3,7 +3,7 @@ import { appendFileSync, chmodSync, mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
-import { clusterIn, freePort, run, startCluster, type Cluster } from './cluster.js'
+import { asPostgres, clusterIn, freePort, run, startCluster, type Cluster } from './cluster.js'
 
 /**
  * A primary and a streaming hot standby made the way operators make them (`pg_basebackup -R
@@ -78,7 +78,8 @@ export async function startPair(bin: string, options: { sync: boolean }): Promis
       // pg_rewind copies the source's settings, primary_slot_name (n2) among them: the slot must exist there.
       await query(to, `SELECT pg_create_physical_replication_slot('n2') WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'n2')`)
       // pg_rewind's complaints are worth reading when it refuses: its output goes into the error.
-      const rewound = spawnSync('runuser', ['-u', 'postgres', '--', join(bin, 'pg_rewind'), '-D', join(old.dir, 'data'), `--source-server=host=127.0.0.1 port=${to.port} user=postgres dbname=postgres`, '-R'], { encoding: 'utf8' })
+      const [cmd, argv] = asPostgres(join(bin, 'pg_rewind'), ['-D', join(old.dir, 'data'), `--source-server=host=127.0.0.1 port=${to.port} user=postgres dbname=postgres`, '-R'])
+      const rewound = spawnSync(cmd, argv, { encoding: 'utf8' })
       if (rewound.status !== 0) throw new Error(`pg_rewind failed: ${rewound.stderr}`)
       old.start()
     },
