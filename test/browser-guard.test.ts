@@ -5,6 +5,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startGateway, type RunningGateway } from '../src/runtime/node/gateway.js'
 import { silentLogger } from '../src/observe/log.js'
+import { browserGuard, browserRefusal } from '../src/http/browser-guard.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
@@ -82,5 +83,19 @@ describe('planes without auth keep web pages out', () => {
     expect((await send(admin, 'POST', '/entities/invoice%3A2/bump', sameOrigin, '{"min_fence":"5"}')).status).toBe(200)
     expect((await send(admin, 'GET', '/ui/', { ...own(admin), 'sec-fetch-site': 'none' })).status).toBe(200)
     expect((await send(admin, 'GET', '/health', { host: `localhost:${new URL(admin).port}` })).status).toBe(200)
+  })
+})
+
+describe('the hosts a plane without auth serves', () => {
+  const refusal = (listen: string, host: string, allowed: string[] = []) => browserRefusal(new Headers({ host }), 'GET', browserGuard(listen, allowed), false)?.code
+
+  it('a plane on 0.0.0.0 serves loopback names only, until its names are listed in server.allowed_hosts', () => {
+    expect(refusal('0.0.0.0', '127.0.0.1:8080')).toBeUndefined()
+    expect(refusal('0.0.0.0', '[::1]:8080')).toBeUndefined()
+    expect(refusal('0.0.0.0', 'localhost')).toBeUndefined()
+    expect(refusal('0.0.0.0', '0.0.0.0:8080')).toBe('host_not_allowed')
+    expect(refusal('0.0.0.0', 'fencegate:8080')).toBe('host_not_allowed')
+    expect(refusal('0.0.0.0', 'Fencegate:8080', ['fencegate'])).toBeUndefined()
+    expect(refusal('10.0.0.5', '10.0.0.5:8080')).toBeUndefined()
   })
 })
