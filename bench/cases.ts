@@ -2,8 +2,11 @@ import type { BenchOptions, CaseName } from './run-options.js'
 import type { SystemName } from './systems.js'
 import type { Traffic } from './traffic.js'
 
+/** A case's name; `fg-spread×2` is fg-spread on the gateway with `--workers 2`. */
+export type CaseId = CaseName | `${CaseName}×${number}`
+
 export interface Case {
-  name: CaseName
+  name: CaseId
   label: string
   system: SystemName
   traffic: Pick<Traffic, 'path' | 'entity' | 'key'> & { raise?: boolean }
@@ -11,6 +14,8 @@ export interface Case {
   hand: CaseName
   /** The case whose p99 bounds this one's (fencegate cases only): at most twice it. */
   p99Of?: CaseName
+  /** For a case on the multi-worker gateway: the same case on the one-worker gateway. */
+  single?: CaseName
   /**
    * A path on which every entity is presented the run's fence once before priming
    * (bench/prepare.ts `seedEntities`), so spread cases measure the steady state.
@@ -39,6 +44,18 @@ export const cases: readonly Case[] = [
 ]
 
 export const caseNamed = (name: CaseName): Case => cases.find((c) => c.name === name)!
+
+/**
+ * The cases to run: `selected`, and with `workers` > 1 each fencegate case again right after
+ * itself on the gateway that runs `server.workers: workers`, so both see the same minutes.
+ */
+export function withWorkers(selected: readonly Case[], workers: number): Case[] {
+  if (workers <= 1) return [...selected]
+  return selected.flatMap((c) => c.system !== 'gateway' ? [c] : [c, {
+    ...c, name: `${c.name as CaseName}×${workers}` as CaseId, label: `${c.label}, ${workers} workers`, system: 'gateway-workers' as const,
+    p99Of: undefined, single: c.name as CaseName,
+  }])
+}
 
 /**
  * Builds each run's traffic: new keys unique per run, and one fence for the whole bench.

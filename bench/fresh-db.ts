@@ -17,6 +17,8 @@ export interface BenchStore {
   url: string
   /** Redacted, for the report. */
   location: string
+  /** The server's TCP port, to count each system's connections to it. */
+  port: number
   /**
    * The pids whose CPU counts as PostgreSQL's for this run: the backends connected to this
    * run's database and the server's background processes (WAL writer, checkpointer, ...),
@@ -58,6 +60,7 @@ export async function prepareStore(serverUrl: string): Promise<BenchStore> {
       description,
       url,
       location: `${redact(url)} (created for this run; dropped at the end)`,
+      port: Number(new URL(url).port || 5432),
       pids: async () => {
         const rows = await admin<{ pid: number }[]>`
           SELECT pid FROM pg_stat_activity WHERE datname = ${name} OR backend_type <> 'client backend'`

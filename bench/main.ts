@@ -6,15 +6,15 @@
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { cases, trafficFactory, type Case } from './cases.js'
+import { cases, trafficFactory, withWorkers, type Case } from './cases.js'
 import { wrkAvailable, type LoadGenerator } from './load.js'
 import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
-import { parseOptions, usage, UsageError, type BenchOptions } from './run-options.js'
+import { parseOptions, usage, UsageError, type BenchOptions, type CaseName } from './run-options.js'
 import { memoryKiB } from './procs.js'
 import { completeKeys, probeCase, seedEntities } from './prepare.js'
 import { context, printTargets, resultJson, rows, table, targets, type Results } from './report.js'
 import { prepareStore, type BenchStore } from './fresh-db.js'
-import { startSystems, type SystemName, type Systems } from './systems.js'
+import { startSystems, workersPool, type SystemName, type Systems } from './systems.js'
 import type { Traffic } from './traffic.js'
 
 // `npm run bench -- leases` is the lease service's own bench (bench/leases.ts), and
@@ -56,6 +56,9 @@ function printHeader(options: BenchOptions, kind: LoadGenerator, store: BenchSto
   console.log(`upstream: ${systems.upstreamWhat}${systems.nginxNote ? `; ${systems.nginxNote}` : ''}`)
   console.log(`load: ${kind === 'wrk' ? 'wrk, 1 thread' : 'autocannon'}, ${options.connections} connections, 32-byte JSON POST, ${options.rounds} interleaved round(s) of ${options.warmup} s warm-up + ${options.duration} s measured per case`)
   console.log(`gateway: fencegate serve, node flags: ${options.gatewayNodeOptions.join(' ') || 'none (the defaults of `npx fencegate serve`)'}`)
+  if (systems.running['gateway-workers']) {
+    console.log(`gateway with workers: fencegate serve with server.workers ${options.workers} and store.max_connections ${workersPool(options)} (${options.pool} statement connections and a LISTEN connection per worker)`)
+  }
 }
 
 /** Requests a case must have served in the priming pass. */
@@ -94,22 +97,22 @@ async function prepareCases(options: BenchOptions, selected: Case[], systems: Sy
   }
 }
 
-function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results): void {
+function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results, ran: readonly Case[]): void {
   const gateway = systems.running.gateway
   const peakKiB = gateway ? memoryKiB(gateway.child.pid, 'VmHWM') : undefined
   console.log('')
   console.log(`=== medians of ${options.rounds} round(s)${options.note ? ` (${options.note})` : ''}; ratios are taken within each round ===`)
-  for (const l of table(rows(results))) console.log(l)
+  for (const l of table(rows(results, ran))) console.log(l)
   console.log('')
-  for (const l of context(results)) console.log(l)
+  for (const l of context(results, ran)) console.log(l)
   console.log('')
   console.log(`gateway peak RSS (VmHWM since start): ${peakKiB === undefined ? 'unknown' : `${(peakKiB / 1024).toFixed(1)} MiB`}`)
   console.log('targets (issue 13; quiet machine, median of 3 rounds):')
-  const checks = targets(results, peakKiB, options.gatewayNodeOptions.length === 0)
+  const checks = targets(results, ran, peakKiB, options.gatewayNodeOptions.length === 0)
   for (const l of printTargets(checks)) console.log(`  ${l}`)
   console.log(resultJson(results, {
     note: options.note ?? null, store: store.description, upstream: systems.upstreamWhat, load: kind, connections: options.connections,
-    rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
+    workers: options.workers, rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
     targets: checks,
   }))
   console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
@@ -151,7 +154,7 @@ async function main(argv: string[]): Promise<number> {
   let store: BenchStore | undefined
   try {
     store = await prepareStore(options.databaseUrl)
-    const wanted = cases.filter((c) => options.cases.includes(c.name))
+    const wanted = withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers)
     systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.map((c) => c.system)))
     const selected = wanted.filter((c) => systems!.running[c.system])
     const traffic = trafficFactory(options)
@@ -164,7 +167,7 @@ async function main(argv: string[]): Promise<number> {
       console.error('bench: interrupted')
       return 130
     }
-    printResults(options, kind, store, systems, results)
+    printResults(options, kind, store, systems, results, selected)
     return 0
   } finally {
     await systems?.stop()

@@ -1,6 +1,7 @@
 import type { Case } from './cases.js'
 import { runLoad, type LoadGenerator, type LoadResult } from './load.js'
 import { cpuBetween, cpuSeconds, machineCpu, postgresCpu } from './procs.js'
+import { connectionsTo, treeCpuSeconds } from './proc-tree.js'
 import type { BenchStore } from './fresh-db.js'
 import type { Systems } from './systems.js'
 import type { Traffic } from './traffic.js'
@@ -22,6 +23,8 @@ export interface Sample {
     /** The whole machine's busy CPU, in cores. */
     machineBusy: number
   }
+  /** PostgreSQL connections the system's processes held when the run ended. */
+  connections: number
 }
 
 export interface RunSpec {
@@ -36,13 +39,15 @@ export interface RunSpec {
 export async function measure(c: Case, round: number, systems: Systems, store: BenchStore, traffic: Traffic, spec: RunSpec): Promise<Sample> {
   const target = systems.running[c.system]!
   const pids = await store.pids()
-  const read = () => ({ proxy: cpuSeconds(target.child.pid), upstream: cpuSeconds(systems.upstream.pid), pg: postgresCpu(pids), pgAll: postgresCpu(), machine: machineCpu() })
+  // The proxy is a process tree: the gateway with --workers is a supervisor and its workers.
+  const read = () => ({ proxy: treeCpuSeconds(target.child.pid), upstream: cpuSeconds(systems.upstream.pid), pg: postgresCpu(pids), pgAll: postgresCpu(), machine: machineCpu() })
   const before = read()
   const load = await runLoad(spec.kind, { url: target.url, connections: spec.connections, seconds: spec.seconds, traffic, dir: spec.dir, signal: spec.signal })
   const after = read()
   return {
     round,
     load,
+    connections: connectionsTo(target.child.pid, store.port),
     cpu: {
       proxy: after.proxy - before.proxy,
       upstream: after.upstream - before.upstream,

@@ -12,7 +12,7 @@ import { prepareStore } from './fresh-db.js'
 import { runLoad, wrkAvailable } from './load.js'
 import { completeKeys } from './prepare.js'
 import { stopChild } from './procs.js'
-import { parseOptions, usage, UsageError } from './run-options.js'
+import { parseOptions, usage, UsageError, type CaseName } from './run-options.js'
 import { startGateway, startSystems } from './systems.js'
 
 export async function runProfile(argv: string[]): Promise<number> {
@@ -28,7 +28,7 @@ export async function runProfile(argv: string[]): Promise<number> {
     console.log(usage())
     return 0
   }
-  const selected = cases.filter((c) => c.system === 'gateway' && options.cases.includes(c.name))
+  const selected = cases.filter((c) => c.system === 'gateway' && options.cases.includes(c.name as CaseName))
   if (selected.length === 0) {
     console.error('bench profile: only the gateway is profiled; give fencegate cases (fg-off, fg-spread, fg-hot, fg-key, fg-replay)')
     return 2

@@ -1,10 +1,9 @@
 // The side-by-side table (medians over interleaved rounds, every ratio taken within a
 // round), the issue's targets checked against it, and one JSON line with every sample.
-import { caseNamed, cases, type Case } from './cases.js'
+import { caseNamed, type Case, type CaseId } from './cases.js'
 import type { Sample } from './measure.js'
-import type { CaseName } from './run-options.js'
 
-export type Results = Map<CaseName, Sample[]>
+export type Results = Map<CaseId, Sample[]>
 
 /** The issue's "150 MB", read strictly: 150,000,000 bytes (143.1 MiB). */
 export const rssLimitBytes = 150e6
@@ -23,7 +22,7 @@ const proxyUs = (s: Sample) => perRequestUs(s, s.cpu.proxy)
 const postgresUs = (s: Sample) => perRequestUs(s, s.cpu.postgres)
 
 /** Median over rounds of f(this round's sample of `a`, the same round's sample of `b`). */
-function paired(results: Results, a: CaseName, b: CaseName, f: (x: Sample, y: Sample) => number): number {
+function paired(results: Results, a: CaseId, b: CaseId, f: (x: Sample, y: Sample) => number): number {
   const xs = results.get(a) ?? []
   const ys = results.get(b) ?? []
   return median(xs.map((x) => {
@@ -31,7 +30,7 @@ function paired(results: Results, a: CaseName, b: CaseName, f: (x: Sample, y: Sa
     return y ? f(x, y) : NaN
   }))
 }
-const rpsRatio = (results: Results, a: CaseName, b: CaseName) => paired(results, a, b, (x, y) => x.load.rps / y.load.rps)
+const rpsRatio = (results: Results, a: CaseId, b: CaseId) => paired(results, a, b, (x, y) => x.load.rps / y.load.rps)
 
 export interface Row {
   c: Case
@@ -44,10 +43,13 @@ export interface Row {
   postgresUs: number
   non2xx: number
   errors: number
+  /** PostgreSQL connections the system's processes held at the end of its runs (the most seen). */
+  connections: number
 }
 
-export function rows(results: Results): Row[] {
-  return cases.filter((c) => results.has(c.name)).map((c) => {
+/** One row per case of `ran` that has samples, in that order. */
+export function rows(results: Results, ran: readonly Case[]): Row[] {
+  return ran.filter((c) => results.has(c.name)).map((c) => {
     const s = results.get(c.name)!
     return {
       c,
@@ -57,29 +59,32 @@ export function rows(results: Results): Row[] {
       p50: median(s.map((x) => x.load.p50ms)),
       p99: median(s.map((x) => x.load.p99ms)),
       proxyUs: median(s.map(proxyUs)),
-      postgresUs: c.system === 'hand' || c.system === 'gateway' ? median(s.map(postgresUs)) : NaN,
+      postgresUs: usesStore(c) ? median(s.map(postgresUs)) : NaN,
       non2xx: s.reduce((n, x) => n + x.load.non2xx, 0),
       errors: s.reduce((n, x) => n + x.load.errors, 0),
+      connections: usesStore(c) ? Math.max(...s.map((x) => x.connections)) : NaN,
     }
   })
 }
 
+const usesStore = (c: Case) => c.system === 'hand' || c.system === 'gateway' || c.system === 'gateway-workers'
+
 export function table(rs: Row[]): string[] {
   const lines = [
-    '| case | req/s | vs bare Node | vs hand-rolled | p50 ms | p99 ms | CPU µs/req, proxy | PostgreSQL CPU µs/req | non-2xx | errors |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
+    '| case | req/s | vs bare Node | vs hand-rolled | p50 ms | p99 ms | CPU µs/req, proxy | PostgreSQL CPU µs/req | PostgreSQL connections | non-2xx | errors |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ]
   for (const r of rs) {
-    const hand = (r.c.system === 'gateway' || r.c.system === 'hand') && Number.isFinite(r.vsHand) ? `${pct(r.vsHand)} of ${r.c.hand}` : '–'
-    lines.push(`| ${r.c.name}: ${r.c.label} | ${fmt(r.rps)} | ${pct(r.vsBare)} | ${hand} | ${fmt(r.p50, 2)} | ${fmt(r.p99, 2)} | ${fmt(r.proxyUs)} | ${fmt(r.postgresUs)} | ${r.non2xx} | ${r.errors} |`)
+    const hand = usesStore(r.c) && Number.isFinite(r.vsHand) ? `${pct(r.vsHand)} of ${r.c.hand}` : '–'
+    lines.push(`| ${r.c.name}: ${r.c.label} | ${fmt(r.rps)} | ${pct(r.vsBare)} | ${hand} | ${fmt(r.p50, 2)} | ${fmt(r.p99, 2)} | ${fmt(r.proxyUs)} | ${fmt(r.postgresUs)} | ${fmt(r.connections)} | ${r.non2xx} | ${r.errors} |`)
   }
   return lines
 }
 
 /** What else ran during each case (medians, in cores), to tell whether the load generator or the upstream limited it. */
-export function context(results: Results): string[] {
+export function context(results: Results, ran: readonly Case[]): string[] {
   const lines = ['cores in use, medians:  upstream  load gen  postgres (this run / all on the machine)  machine busy']
-  for (const c of cases) {
+  for (const c of ran) {
     const s = results.get(c.name)
     if (!s) continue
     const cores = (f: (x: Sample) => number) => fmt(median(s.map((x) => f(x) / x.load.seconds)), 2)
@@ -94,14 +99,14 @@ export interface TargetCheck {
   met: boolean | undefined
 }
 
-export function targets(results: Results, peakRssKiB: number | undefined, defaults: boolean): TargetCheck[] {
+export function targets(results: Results, ran: readonly Case[], peakRssKiB: number | undefined, defaults: boolean): TargetCheck[] {
   const out: TargetCheck[] = []
-  const has = (...names: CaseName[]) => names.every((n) => results.has(n))
-  const atLeast = (target: string, a: CaseName, b: CaseName, min: number) => {
+  const has = (...names: CaseId[]) => names.every((n) => results.has(n))
+  const atLeast = (target: string, a: CaseId, b: CaseId, min: number) => {
     const r = has(a, b) ? rpsRatio(results, a, b) : NaN
     out.push({ target, measured: pct(r), met: Number.isFinite(r) ? r >= min : undefined })
   }
-  const cpuAtMost = (target: string, a: CaseName, b: CaseName, f: (s: Sample) => number, max: number) => {
+  const cpuAtMost = (target: string, a: CaseId, b: CaseId, f: (s: Sample) => number, max: number) => {
     const r = has(a, b) ? paired(results, a, b, (x, y) => f(x) / f(y)) : NaN
     out.push({ target, measured: Number.isFinite(r) ? `${fmt(r, 2)}×` : '–', met: Number.isFinite(r) ? r <= max : undefined })
   }
@@ -113,7 +118,14 @@ export function targets(results: Results, peakRssKiB: number | undefined, defaul
   atLeast('fg-key req/s >= 100% of hand-key', 'fg-key', 'hand-key', 1)
   atLeast('fg-replay req/s >= 80% of bare-node', 'fg-replay', 'bare-node', 0.8)
   cpuAtMost('fg-replay PostgreSQL CPU/req <= hand-fence\'s', 'fg-replay', 'hand-fence', postgresUs, 1)
-  for (const c of cases) {
+  // Issue 28: on this 2-core machine, two workers serve 1.25x one worker's fg-spread at no
+  // more than 1.1x its gateway CPU per request.
+  const spreadWorkers = ran.find((c) => c.single === 'fg-spread')
+  if (spreadWorkers) {
+    atLeast(`${spreadWorkers.name} req/s >= 125% of fg-spread`, spreadWorkers.name, 'fg-spread', 1.25)
+    cpuAtMost(`${spreadWorkers.name} gateway CPU/req <= 1.1x fg-spread's`, spreadWorkers.name, 'fg-spread', proxyUs, 1.1)
+  }
+  for (const c of ran) {
     if (c.p99Of) cpuAtMost(`${c.name} p99 <= 2x ${c.p99Of}'s`, c.name, c.p99Of, (s) => s.load.p99ms, 2)
   }
   const limitKiB = rssLimitBytes / 1024
@@ -137,7 +149,7 @@ export function resultJson(results: Results, extra: Record<string, unknown>): st
       round: x.round, rps: Math.round(x.load.rps), requests: x.load.requests, seconds: +x.load.seconds.toFixed(2),
       p50_ms: +x.load.p50ms.toFixed(3), p99_ms: +x.load.p99ms.toFixed(3), non2xx: x.load.non2xx, errors: x.load.errors,
       cpu_s: Object.fromEntries(Object.entries(x.cpu).map(([k, v]) => [k, +v.toFixed(2)])),
-      proxy_cpu_us_per_request: Math.round(proxyUs(x)), postgres_cpu_us_per_request: Math.round(postgresUs(x)),
+      proxy_cpu_us_per_request: Math.round(proxyUs(x)), postgres_cpu_us_per_request: Math.round(postgresUs(x)), postgres_connections: x.connections,
     }))])),
   })
 }

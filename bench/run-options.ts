@@ -31,6 +31,8 @@ export interface BenchOptions {
   databaseUrl: string
   /** A label for the report, e.g. "noisy machine". */
   note: string | undefined
+  /** > 1: every fencegate case also runs on a gateway with `server.workers` this many. */
+  workers: number
 }
 
 export const defaultDatabaseUrl = 'postgres://postgres@127.0.0.1:5432/test'
@@ -52,6 +54,7 @@ const flags = {
   pool: { type: 'string', help: `PostgreSQL connections of the gateway (store.max_connections) and of the hand-rolled fence (default ${defaultMaxConnections}, the gateway's default)` },
   'database-url': { type: 'string', help: `PostgreSQL server for the fresh database (default $DATABASE_URL or ${defaultDatabaseUrl})` },
   note: { type: 'string', help: 'a label printed with the results, e.g. "noisy machine"' },
+  workers: { type: 'string', help: 'also run every fencegate case on a gateway with this many workers (server.workers), beside the 1-worker one (default 1: not)' },
   help: { type: 'boolean', help: 'this help' },
 } as const
 
@@ -120,5 +123,6 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     pool: integer(str('pool'), 'pool', defaultMaxConnections, 1, 100),
     databaseUrl,
     note: str('note'),
+    workers: integer(str('workers'), 'workers', 1, 1, 64),
   }
 }

@@ -9,7 +9,7 @@ import type { BenchOptions } from './run-options.js'
 import { freePort, isHealthy, listeningPort, startChild, startProcess, stopChild, waitUntil, type Child } from './procs.js'
 import type { BenchStore } from './fresh-db.js'
 
-export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway'
+export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers'
 
 export interface Systems {
   upstream: Child
@@ -24,12 +24,19 @@ export interface Systems {
   kill(): void
 }
 
+/**
+ * The multi-worker gateway's `store.max_connections`: each worker gets the one-worker
+ * gateway's statement pool and its LISTEN connection (src/runtime/node/workers.ts), so a
+ * worker is never starved of connections the one-worker gateway has.
+ */
+export const workersPool = (options: Pick<BenchOptions, 'pool' | 'workers'>) => options.workers * (options.pool + 1)
+
 /** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
-export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number): string {
+export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number, workers = 1): string {
   const route = { method: 'POST', upstream, timeout_ms: 10_000 }
   const entity = 'invoice:{params.invoice_id}'
   return JSON.stringify({
-    server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort },
+    server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort, workers },
     log: { level: 'warn' },
     store: { max_connections: pool },
     routes: [
@@ -41,10 +48,10 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
 }
 
 /** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
-export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}): Promise<{ url: string; child: Child }> {
+export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}, workers = 1): Promise<{ url: string; child: Child }> {
   const [port, adminPort] = [await freePort(), await freePort()]
   const configFile = join(dir, `${name}.yaml`)
-  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool))
+  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool, workers))
   const main = new URL('../src/cli/main.js', import.meta.url)
   const args = ['serve', '--config', configFile]
   const childEnv = { ...process.env, ...env, DATABASE_URL: store.url }
@@ -110,6 +117,10 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
     if (needs.has('bare')) children.push((running.bare = await nodeServer('bare-proxy', './ref-proxy.js', [upstreamUrl])).child)
     if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url, String(options.pool)])).child)
     if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, options.gatewayLog)).child)
+    if (needs.has('gateway-workers')) {
+      const gateway = await startGateway(dir, upstreamUrl, store, workersPool(options), options.gatewayNodeOptions, undefined, 'gateway-workers', {}, options.workers)
+      children.push((running['gateway-workers'] = gateway).child)
+    }
     return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop, kill }
   } catch (err) {
     await stop()

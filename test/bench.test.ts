@@ -5,6 +5,9 @@
 import { spawnSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer, type IncomingHttpHeaders } from 'node:http'
+import { createServer as createNetServer, type AddressInfo } from 'node:net'
+import { spawn } from 'node:child_process'
+import { connectionsTo, processTree, treeCpuSeconds } from '../bench/proc-tree.js'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -15,13 +18,15 @@ import { runLoad } from '../bench/load.js'
 import type { Sample } from '../bench/measure.js'
 import { listeningPort, startChild, stopChild, type Child } from '../bench/procs.js'
 import { rows, targets, type Results } from '../bench/report.js'
-import type { CaseName } from '../bench/run-options.js'
+import { parseOptions, type CaseName } from '../bench/run-options.js'
+import { cases, withWorkers, type CaseId } from '../bench/cases.js'
 import { requestBody, type Traffic } from '../bench/traffic.js'
 
 const sample = (round: number, rps: number, extra: { proxy?: number; postgres?: number; p99?: number } = {}): Sample => ({
   round,
   load: { requests: rps * 10, seconds: 10, rps, p50ms: 1, p99ms: extra.p99 ?? 10, non2xx: 0, errors: 0, cpuSeconds: 0 },
   cpu: { proxy: (extra.proxy ?? 0) * rps * 10 / 1e6, upstream: 0, postgres: (extra.postgres ?? 0) * rps * 10 / 1e6, postgresAll: 0, load: 0, machineBusy: 0 },
+  connections: 4,
 })
 
 describe('bench report', () => {
@@ -32,7 +37,7 @@ describe('bench report', () => {
       ['bare-node', [sample(1, 1000), sample(2, 3000), sample(3, 2000)]],
       ['fg-off', [sample(3, 600), sample(1, 950), sample(2, 2850)]],
     ])
-    const off = rows(results).find((r) => r.c.name === 'fg-off')!
+    const off = rows(results, cases).find((r) => r.c.name === 'fg-off')!
     expect(off.vsBare).toBeCloseTo(0.95)
     expect(off.rps).toBe(950)
   })
@@ -44,7 +49,7 @@ describe('bench report', () => {
       ['fg-off', [sample(1, 850, { proxy: 131, p99: 20 })]],
       ['fg-spread', [sample(1, 790, { postgres: 55, p99: 41 })]],
     ])
-    const checks = new Map(targets(results, 140_000, true).map((t) => [t.target, t.met]))
+    const checks = new Map(targets(results, cases, 140_000, true).map((t) => [t.target, t.met]))
     expect(checks.get('fg-off req/s >= 85% of bare-node')).toBe(true)
     expect(checks.get('fg-off gateway CPU/req <= 1.3x bare-node\'s')).toBe(false)
     expect(checks.get('fg-spread req/s >= 100% of hand-fence')).toBe(false)
@@ -53,8 +58,54 @@ describe('bench report', () => {
     expect(checks.get('fg-spread p99 <= 2x hand-fence\'s')).toBe(false)
     expect(checks.get('fg-key req/s >= 100% of hand-key')).toBeUndefined()
     expect(checks.get('gateway peak RSS < 150 MB (143.1 MiB), no Node flags')).toBe(true)
-    const flagged = targets(results, 140_000, false).at(-1)!
+    const flagged = targets(results, cases, 140_000, false).at(-1)!
     expect(flagged.met).toBe(false)
+  })
+})
+
+describe('bench --workers', () => {
+  it('runs each fencegate case again on the multi-worker gateway, right after itself, and nothing else twice', () => {
+    const options = parseOptions(['--workers', '2', '--cases', 'hand-fence,fg-off,fg-spread'], {})!
+    const ran = withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers)
+    expect(ran.map((c) => [c.name, c.system])).toEqual([
+      ['hand-fence', 'hand'], ['fg-off', 'gateway'], ['fg-off×2', 'gateway-workers'], ['fg-spread', 'gateway'], ['fg-spread×2', 'gateway-workers'],
+    ])
+    expect(withWorkers(cases, 1)).toEqual(cases)
+    expect(() => parseOptions(['--workers', '0'], {})).toThrow(/--workers must be an integer from 1 to 64/)
+  })
+
+  it('checks the multi-worker targets against the one-worker gateway in the same round', () => {
+    const ran = withWorkers(cases.filter((c) => c.name === 'fg-spread'), 2)
+    const results: Results = new Map<CaseId, Sample[]>([
+      ['fg-spread', [sample(1, 1000, { proxy: 100 }), sample(2, 2000, { proxy: 100 })]],
+      ['fg-spread×2', [sample(1, 1300, { proxy: 105 }), sample(2, 2200, { proxy: 120 })]],
+    ])
+    const checks = new Map(targets(results, ran, undefined, true).map((t) => [t.target, t]))
+    // Within each round: 130% and 110% (median 120%); CPU 1.05x and 1.2x (median 1.125x).
+    expect(checks.get('fg-spread×2 req/s >= 125% of fg-spread')).toMatchObject({ met: false, measured: '120%' })
+    expect(checks.get('fg-spread×2 gateway CPU/req <= 1.1x fg-spread\'s')).toMatchObject({ met: false, measured: '1.13×' })
+    expect(rows(results, ran).map((r) => [r.c.name, r.connections])).toEqual([['fg-spread', 4], ['fg-spread×2', 4]])
+  })
+
+  it('counts CPU and PostgreSQL-style connections over a process tree, children included', async () => {
+    const server = createNetServer((socket) => socket.on('error', () => {}))
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const port = (server.address() as AddressInfo).port
+    // A child that opens three connections and a grandchild that opens two more.
+    const open = (n: number) => `const net = require('node:net'); for (let i = 0; i < ${n}; i++) net.connect(${port}, '127.0.0.1'); setInterval(() => {}, 60000)`
+    const grandchild = `require('node:child_process').spawn(process.execPath, ['-e', ${JSON.stringify(open(2))}], { stdio: 'ignore' });`
+    let seen = 0
+    const allFive = new Promise<void>((resolve) => server.on('connection', () => ++seen === 5 && resolve()))
+    const child = spawn(process.execPath, ['-e', grandchild + open(3)], { stdio: 'ignore' })
+    try {
+      await allFive
+      expect(processTree(child.pid!)).toHaveLength(2)
+      expect(connectionsTo(child.pid!, port)).toBe(5)
+      expect(treeCpuSeconds(child.pid!)).toBeGreaterThan(0)
+    } finally {
+      for (const pid of processTree(child.pid!).reverse()) process.kill(pid, 'SIGKILL')
+      server.close()
+    }
   })
 })
 
