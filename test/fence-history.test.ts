@@ -1,3 +1,4 @@
+import postgres from 'postgres'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import type { Command, FenceChange } from '../src/store/store.js'
@@ -106,5 +107,47 @@ describe.each(backends())('fence history ($name)', (backend) => {
     const changes = await history(t, 'invoice:new')
     expectGapFree(changes, '20')
     expect(changes.length).toBe(results.filter((r) => r.raised).length)
+  })
+
+  // The raise's UPDATE (migrations/0015) re-checks the fence in its WHERE. A raise that read
+  // the old fence and then waits on another raise's row lock must decide by what that one
+  // committed: below it stale (and audited), equal to it accepted, and neither writes history.
+  it.skipIf(backend.name !== 'postgres')('a raise that waited on another raise decides by the fence that one committed', async () => {
+    await t.store.reserve(command('5'))
+    const holder = postgres(t.url!, { max: 1, onnotice: () => {} })
+    const racers = postgres(t.url!, { max: 2, onnotice: () => {} })
+    const watch = postgres(t.url!, { max: 1, onnotice: () => {} })
+    try {
+      let raised!: () => void
+      let release!: () => void
+      const lockHeld = new Promise<void>((resolve) => (raised = resolve))
+      const commit = new Promise<void>((resolve) => (release = resolve))
+      const holding = holder.begin(async (sql) => {
+        await sql`SELECT fg_present_fence('default', 'capture', 'invoice:7', 10, 'POST', '/p', NULL, 'holder', 'r-10')`
+        raised()
+        await commit
+      })
+      await lockHeld
+      // .execute(): postgres.js sends a query when it is awaited, and these must wait meanwhile.
+      const present = (fence: number) => racers<{ highest: string }[]>`
+        SELECT fg_present_fence('default', 'capture', 'invoice:7', ${fence}, 'POST', '/p', NULL, 'racer', ${`racer-${fence}`})::text AS highest`.execute()
+      const [below, equal] = [present(8), present(10)]
+      // Both read fence 5 (the holder has not committed) and now wait for its row lock.
+      for (let waiting = 0; waiting < 2;) {
+        const [row] = await watch<{ n: number }[]>`
+          SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
+        waiting = row!.n
+      }
+      release()
+      await holding
+      expect([(await below)[0]!.highest, (await equal)[0]!.highest]).toEqual(['10', '10'])
+    } finally {
+      await holder.end({ timeout: 5 })
+      await racers.end({ timeout: 5 })
+      await watch.end({ timeout: 5 })
+    }
+    expect((await history(t)).map((c) => [c.old_fence, c.new_fence, c.caller])).toEqual([[null, '5', 'worker-a'], ['5', '10', 'holder']])
+    const stale = await t.store.listAudit({ limit: 10, code: 'stale_fence' })
+    expect(stale.map((a) => [a.request_id, a.presented_fence, a.highest_fence])).toEqual([['racer-8', '8', '10']])
   })
 })
