@@ -237,6 +237,28 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     await shot('jobs')
   })
 
+  it('releases a held job from the Jobs screen after a confirmation, in the tenant its field names', async () => {
+    const worker = { authorization: `Bearer ${await token({ sub: 'worker-a', scope: 'jobs:start jobs:work' })}` }
+    const jobsApi = async (path: string, body: unknown) => fetch(`${gw.url}/_fencegate/jobs${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...worker }, body: JSON.stringify(body) })
+    await jobsApi('', { type: 'send-invoice', key: 'invoice-44' })
+    const claimed = await (await jobsApi('/claim', { worker_id: 'worker-a' })).json() as { job_id: string; fence: string }
+    await open('#/jobs?tenant=other')
+    await page.locator('#jobs-table', { hasText: 'No jobs match.' }).waitFor()
+    expect(await page.inputValue('input[name="tenant"]')).toBe('other')
+    await open('#/jobs?tenant=acme')
+    const row = page.locator(`#jobs-table tr[data-job="${claimed.job_id}"]`)
+    await row.locator('button[data-action="release"]').click()
+    await page.locator('#confirm-dialog', { hasText: `above ${claimed.fence}` }).waitFor({ state: 'visible' })
+    await shot('job-release-confirm', false)
+    await page.locator('#confirm-ok').click()
+    await page.locator('#job-action-result', { hasText: 'queued' }).waitFor()
+    await row.locator('td:nth-child(4)', { hasText: 'queued' }).waitFor()
+    const beat = await jobsApi(`/${claimed.job_id}/heartbeat`, { worker_id: 'worker-a', fence: claimed.fence })
+    expect([beat.status, (await beat.json() as any).code]).toEqual([409, 'lease_lost'])
+    const audit = await admin(`/audit?tenant=acme&entity=job:${claimed.job_id}`)
+    expect(audit.json.items.map((a: any) => [a.code, a.caller])).toEqual([['job_released', 'operator-alice']])
+  })
+
   it('shows the rules, their versions and a field-by-field diff old → new', async () => {
     expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'required' }) })).status).toBe(200)
     expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'optional', tenant: 'acme' }) })).status).toBe(200)

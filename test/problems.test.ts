@@ -86,6 +86,15 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
     await data.request(`/_fencegate/jobs/${job_id}/cancel`, { method: 'POST' })
     return data.request('/_fencegate/jobs', json({ type: 'report', key: 'finished' }))
   },
+  // Operator actions (test/admin-jobs.test.ts has the rest): a queued job has no lease to end and has not finished.
+  job_not_running: async ({ data, admin }) => {
+    const { job_id } = await (await data.request('/_fencegate/jobs', json({ type: 'report', key: 'never-claimed' }))).json() as { job_id: string }
+    return admin.request(`/jobs/${job_id}/release`, { method: 'POST' })
+  },
+  job_not_retryable: async ({ data, admin }) => {
+    const { job_id } = await (await data.request('/_fencegate/jobs', json({ type: 'report', key: 'still-queued' }))).json() as { job_id: string }
+    return admin.request(`/jobs/${job_id}/retry`, { method: 'POST' })
+  },
   lease_lost: ({ data }) => claimed(data, 'lost', (id) => data.request(`/_fencegate/jobs/${id}/heartbeat`, json({ worker_id: 'someone-else', fence: '1' }))),
   not_owner: ({ data }) => claimed(data, 'owner', (id) => data.request(`/_fencegate/jobs/${id}/complete`, json({ worker_id: 'someone-else', fence: '1', result: 1 }))),
   sequence_conflict: ({ data }) => claimed(data, 'seq', (id, fence) => data.request(`/_fencegate/jobs/${id}/append`, json({ worker_id: 'w', fence, seq: 5, chunk: 'x' }))),
@@ -115,7 +124,7 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
-  store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
+  store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, job_not_running: I, job_not_retryable: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
   rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, internal_error: A,
 }
@@ -175,7 +184,7 @@ describe('every problem code', () => {
       store: t.store,
       authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db) }),
       data: createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) }),
-      admin: createAdminApp({ store: t.store, rules: { registry, db: t.db } }),
+      admin: createAdminApp({ store: t.store, rules: { registry, db: t.db }, db: t.db }),
       brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
       // A Forward with a bug of its own: the client must get a bare internal_error.
       faultyData: createApp({ config, store: t.store, forward: async () => { throw new TypeError('secret internal detail') } }),
@@ -211,7 +220,7 @@ describe('every problem code', () => {
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'job_not_running', 'job_not_retryable', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

@@ -2,6 +2,7 @@ import { Hono } from 'hono'
 import { z } from 'zod'
 import { keysetPage, parseQuery, storeCall, tenantFor, tenantParam, type AdminEnv } from './query.js'
 import { getJobDetail, listJobs, type JobSummary } from '../leases/list.js'
+import { cancelAsOperator, releaseAsOperator, retryAsOperator, type OperatorAction, type OperatorResult } from '../leases/operator.js'
 import { FencegateError } from '../http/problems.js'
 import type { Db } from '../store/db.js'
 
@@ -15,10 +16,24 @@ export const jobListQuerySchema = z.object({
   before: z.string().regex(/^[0-9]{1,18}$/, 'a next_cursor value from an earlier page').optional().describe('The next_cursor of the previous page'),
 }).strict()
 
+/** The operator actions: each one's statement, and the problem when it finds nothing to act on. */
+const actions: Record<string, { act: (db: Db, a: OperatorAction) => Promise<OperatorResult | undefined>; refusal: (state: string) => FencegateError }> = {
+  cancel: { act: cancelAsOperator, refusal: (state) => new FencegateError('job_finished', `the job is ${state}`, { state }) },
+  release: { act: releaseAsOperator, refusal: (state) => new FencegateError('job_not_running', `the job is ${state}: it has no lease to end`, { state }) },
+  retry: { act: retryAsOperator, refusal: (state) => new FencegateError('job_not_retryable', `the job is ${state}: only a failed or cancelled job runs again`, { state }) },
+}
+
+const jobId = (id: string, tenant: string) => {
+  if (!/^[0-9]{1,18}$/.test(id)) throw new FencegateError('job_not_found', `no job ${id} in tenant ${tenant}`)
+  return id
+}
+
 /**
- * Read-only job views for operators (fencegate:admin): jobs by state and type
+ * Job views and actions for operators (fencegate:admin): jobs by state and type
  * with each running job's holder, fence, attempt and remaining lease on the
- * database clock. Mounted at /jobs by createAdminApp when it has the Db.
+ * database clock, and `POST /jobs/{id}/cancel`, `/release` (ends the lease now) and
+ * `/retry` (a failed or cancelled job again), each audited with the operator as caller
+ * (src/leases/operator.ts). Mounted at /jobs by createAdminApp when it has the Db.
  *
  * @example
  * app.route('/jobs', createAdminJobsApp(db))
@@ -42,6 +57,18 @@ export function createAdminJobsApp(db: Db): Hono<AdminEnv> {
     const job = await storeCall(() => getJobDetail(db, tenant, id))
     if (!job) throw new FencegateError('not_found', `no job ${id} in tenant ${tenant}`)
     return c.json(job)
+  })
+
+  for (const [name, { act, refusal }] of Object.entries(actions)) app.post(`/:id/${name}`, async (c) => {
+    const p = parseQuery(z.object({ tenant: tenantParam }).strict(), new URL(c.req.url).searchParams)
+    const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
+    const id = jobId(c.req.param('id'), tenant)
+    const done = await storeCall(() => act(db, { tenant, jobId: id, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    if (done) return c.json({ tenant, job_id: id, state: done.state, fence: done.fence })
+    // Read after the fact, for the problem only: the statement above decided.
+    const job = await storeCall(() => getJobDetail(db, tenant, id))
+    if (!job) throw new FencegateError('job_not_found', `no job ${id} in tenant ${tenant}`)
+    throw refusal(job.state)
   })
 
   return app

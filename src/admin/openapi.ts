@@ -102,6 +102,8 @@ const jobFields = {
 }
 export const jobListSchema = z.object({ items: z.array(z.object(jobFields).strict()), next_cursor: z.string().nullable() }).strict()
 export const jobDetailSchema = z.object({ ...jobFields, result: z.unknown(), error: z.unknown() }).strict()
+/** What an operator action on a job answers. */
+export const jobActionSchema = z.object({ tenant: z.string(), job_id: z.string(), state: z.string(), fence: z.string() }).strict()
 
 /** The answers of the rules API (src/rules/api.ts); a rule is an object as the config file writes it. */
 const ruleObject = z.object({ name: z.string() }).catchall(z.unknown())
@@ -164,6 +166,7 @@ function buildDocument() {
         AuditSummary: jsonSchema(auditSummaryResultSchema),
         JobList: jsonSchema(jobListSchema),
         JobDetail: jsonSchema(jobDetailSchema),
+        JobAction: jsonSchema(jobActionSchema),
         RouteRule: jsonSchema(routeSchema, 'input'),
         EntityRule: jsonSchema(entityRuleSchema, 'input'),
         RuleSet: jsonSchema(ruleSetSchema),
@@ -194,6 +197,19 @@ function readPaths() {
     '/entities/{entity}/keys': { get: { summary: "The entity's live idempotency records, newest first (no bodies)", parameters: [pathParameter('entity', 'The entity, e.g. invoice:42'), ...queryParameters(entityPageSchema.omit({ before: true }))], responses: { 200: json('EntityKeys', 'The records'), ...errors(400, 401, 403, 503) } } },
     '/jobs': { get: { summary: 'Jobs newest first, with each running job\'s holder, fence, attempt and remaining lease', parameters: queryParameters(jobListQuerySchema), responses: { 200: json('JobList', 'One page'), ...errors(400, 401, 403, 503) } } },
     '/jobs/{id}': { get: { summary: 'One job, with its result and error (never its payload)', parameters: [pathParameter('id', 'The job id'), ...tenantQuery], responses: { 200: json('JobDetail', 'The job'), ...errors(400, 401, 403, 404, 503) } } },
+    ...jobActionPaths(tenantQuery),
+  }
+}
+
+/** An operator's actions on a job, each audited with the operator as caller. */
+function jobActionPaths(tenantQuery: ReturnType<typeof queryParameters>) {
+  const action = (summary: string) => ({
+    post: { summary, parameters: [pathParameter('id', 'The job id'), ...tenantQuery], responses: { 200: json('JobAction', 'The job after the action'), ...errors(400, 401, 403, 404, 409, 503) } },
+  })
+  return {
+    '/jobs/{id}/cancel': action('Cancels a job: a queued one at once, a running one at its holder\'s next heartbeat (audited as job_cancelled)'),
+    '/jobs/{id}/release': action('Ends a running job\'s lease now: queued again, the next claim gets a higher fence, the old holder is refused (audited as job_released)'),
+    '/jobs/{id}/retry': action('Runs a failed or cancelled job again, as a new attempt cycle (audited as job_retried)'),
   }
 }
 

@@ -33,6 +33,8 @@ export const problemCatalog = {
   unknown_job_type: { status: 400, title: 'No such job type is configured' },
   job_not_found: { status: 404, title: 'No such job' },
   job_finished: { status: 409, title: 'The job has finished' },
+  job_not_running: { status: 409, title: 'The job is not running: it has no lease to end' },
+  job_not_retryable: { status: 409, title: 'Only a failed or cancelled job can be retried' },
   lease_lost: { status: 409, title: 'The lease is no longer held by this owner and fence' },
   not_owner: { status: 409, title: 'Only the live owner of the job may finish it' },
   sequence_conflict: { status: 409, title: 'This chunk does not continue the job output' },

@@ -28,6 +28,21 @@ const table: Record<string, Explanation> = {
     meaning: 'An operator raised the entity\'s lowest acceptable fence: every holder of a lower one is refused from then on.',
     todo: 'Nothing, unless the bump was not expected: the caller column says who made it.',
   },
+  job_cancelled: {
+    title: 'Job cancelled by an operator',
+    meaning: 'An operator cancelled the job (the entity is job:<id>): a queued job ended at once, a running one was told at its holder\'s next heartbeat.',
+    todo: 'Nothing, unless the cancel was not expected: the caller column says who made it.',
+  },
+  job_released: {
+    title: 'Lease ended by an operator',
+    meaning: 'An operator ended a running job\'s lease: the job went back to the queue, its next holder got a higher fence, and the old holder is refused from then on.',
+    todo: 'If the old holder keeps writing, its rejections (lease_lost, stale_fence) show here; stop or restart that worker.',
+  },
+  job_retried: {
+    title: 'Job retried by an operator',
+    meaning: 'An operator ran a failed or cancelled job again, as a new attempt cycle under a higher fence.',
+    todo: 'Nothing, unless the retry was not expected: the caller column says who made it.',
+  },
   entity_frozen: {
     title: 'Entity frozen',
     meaning: 'An entity rule freezes this entity: every command to it is refused before its fence or key is looked at.',
