@@ -1,6 +1,7 @@
 import type { Logger } from '../observe/log.js'
 import { StoreError, type Db } from './db.js'
-import { compareLsn, forkPoint, readPosition, readStoreState, type StoreState, type WalPosition } from './wal.js'
+import { judgeChange } from './lost-commits.js'
+import { compareLsn, readPosition, readStoreState, type StoreState, type WalPosition } from './wal.js'
 
 /**
  * What the store can lose, and the refusals that follow from it.
@@ -88,10 +89,6 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
   const waiters = new Set<(err: DurabilityRefusal) => void>()
   const notReplicated = () => new DurabilityRefusal('store_not_replicated', 'store.require_replicated is set and no synchronous standby confirms commits now; nothing was forwarded')
 
-  const refuse = (code: 'store_identity_changed' | 'store_lost_commits', detail: string, fields: Record<string, string | number>) => {
-    refusal ??= new DurabilityRefusal(code, detail)
-    log.error(code, fields)
-  }
   const setLevel = (next: DurabilityLevel) => {
     if (next === level) return
     const before = level
@@ -100,21 +97,17 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
     if (requireReplicated && next !== 'replicated') for (const fail of waiters) fail(notReplicated())
   }
 
-  /** A change of timeline or boot seen by a reading or a command: judged once, in turn. */
+  /** A change of timeline or boot seen by a reading or a command: judged once, in turn (src/store/lost-commits.ts). */
   const judge = (seen: StoreState) => (checking = (checking ?? Promise.resolve()).then(async () => {
     if (refusal || !known) return
-    if (seen.systemId !== known.systemId) {
-      return refuse('store_identity_changed', 'the store is another cluster than the one this gateway started on; restart the gateway once that is intended', { from: known.systemId, to: seen.systemId })
+    const verdict = await judgeChange(db, known, seen, acked)
+    if (verdict.kind === 'refuse') {
+      refusal = new DurabilityRefusal(verdict.code, verdict.detail)
+      return log.error(verdict.code, verdict.fields)
     }
-    if (seen.timeline !== known.timeline) {
-      const fork = await forkPoint(db, known.timeline, seen.timeline)
-      if (acked && (fork === undefined || compareLsn(acked, fork) >= 0)) {
-        return refuse('store_lost_commits', 'the store failed over to a standby that lacks commits this gateway acknowledged; nothing is served until the gateway is restarted', { from_timeline: known.timeline, to_timeline: seen.timeline, acknowledged_lsn: acked, fork_lsn: fork ?? 'unknown' })
-      }
-      log.warn('store_failover', { from_timeline: known.timeline, to_timeline: seen.timeline, fork_lsn: fork ?? 'unknown' })
+    if (verdict.kind === 'failover') {
+      log.warn('store_failover', verdict.fields)
       acked = undefined
-    } else if (seen.boot !== known.boot && acked && compareLsn(seen.insertLsn, acked) < 0) {
-      return refuse('store_lost_commits', 'the store restarted without commits this gateway acknowledged (synchronous_commit off?); nothing is served until the gateway is restarted', { timeline: seen.timeline, acknowledged_lsn: acked, insert_lsn: seen.insertLsn })
     }
     known = seen
   }).finally(() => (checking = undefined)))
