@@ -79,6 +79,28 @@ describe.skipIf(!bin)('a gateway of two workers', () => {
     expect(text).toMatch(/^fencegate_store_durability\{level="local"\} 1$/m)
   })
 
+  it('a rule change made through one worker reaches the other', async () => {
+    const rule = { name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url, entity: 'invoice:{params.id}', fence: 'off' }
+    const put = await fetch(`${gw.adminUrl}/rules/capture`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(rule) })
+    expect(put.status).toBe(200)
+    // Unfenced commands are accepted by both workers once each has the new rule (a fenced
+    // route answered 428 fence_required): 20 at once, over new connections, until all pass.
+    const servedBy = await until('both workers on the new rule', async () => {
+      const from = gw.lines.length
+      const answers = await Promise.all(Array.from({ length: 20 }, (_, i) => fetch(`${gw.dataUrl}/payments/r${i}/capture`, { method: 'POST', body: '{}', headers: { connection: 'close' } })))
+      if (!answers.every((a) => a.status === 200)) return undefined
+      const workers = new Set(gw.lines.slice(from).map((l) => JSON.parse(l) as { event: string; worker?: number }).filter((l) => l.event === 'request').map((l) => l.worker))
+      return workers.size === 2 ? workers : undefined
+    })
+    expect(servedBy).toEqual(new Set([0, 1]))
+    const back = await fetch(`${gw.adminUrl}/rules/capture`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...rule, fence: 'required', idempotency: 'optional' }) })
+    expect(back.status).toBe(200)
+    await until('both workers fenced again', async () => {
+      const answers = await Promise.all(Array.from({ length: 20 }, (_, i) => fetch(`${gw.dataUrl}/payments/r${i}/capture`, { method: 'POST', body: '{}', headers: { connection: 'close' } })))
+      return answers.every((a) => a.status === 428) ? true : undefined
+    })
+  })
+
   it('restarts a worker that dies, and drains and stops every process on SIGTERM', async () => {
     const [first] = workerPids(gw)
     process.kill(first!, 'SIGKILL')
@@ -90,6 +112,18 @@ describe.skipIf(!bin)('a gateway of two workers', () => {
     expect(pids).toContain(restarted)
     expect(await gw.stop()).toBe(0)
     // No orphans: every worker is gone with its supervisor.
+    await until('workers gone', async () => (pids.every((p) => !alive(p)) ? true : undefined))
+  })
+
+  it('workers whose supervisor is killed drain and exit on their own', async () => {
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0, workers: 2 }, store: { max_connections: 4 },
+      routes: [{ name: 'c', method: 'POST', path: '/c/:id', upstream: upstream.url, entity: 'c:{params.id}', fence: 'required' }],
+    })
+    const orphaned = await startGatewayProcess(['--config', config, '--database-url', cluster.url])
+    await until('both workers live', async () => ((await health(orphaned)).workers === 2 ? true : undefined))
+    const pids = await until('two worker pids', async () => (workerPids(orphaned).length === 2 ? workerPids(orphaned) : undefined))
+    orphaned.child.kill('SIGKILL')
     await until('workers gone', async () => (pids.every((p) => !alive(p)) ? true : undefined))
   })
 
