@@ -1,9 +1,9 @@
-import { FencegateClientError, GatewayUnreachable, JobCancelled, LeaseLost, OwnershipUnknown, type LostReason } from './errors.js'
-import { monotonic, pause, problemOf, type JobApi, type JsonAnswer } from './http.js'
+import { FencegateClientError, JobCancelled, LeaseLost, OwnershipUnknown, type LostReason } from './errors.js'
+import { callUnderLease } from './holder-call.js'
+import { monotonic, type JobApi, type JsonAnswer } from './http.js'
 import type { LeaseInit, Ownership, StepOptions } from './types.js'
 
 const stepName = /^[A-Za-z0-9_.:-]{1,128}$/
-const retries = 4
 
 /**
  * One claimed job's lease, as its worker holds it. It renews itself on its own
@@ -180,41 +180,21 @@ export class Lease {
     return seq
   }
 
-  /** A call under the lease: refused after loss, retried on network failures and 5xx, 409s turned into loss. */
-  private async holderCall(action: 'append' | 'complete' | 'fail', body: Record<string, unknown>, allowCancelled = false): Promise<JsonAnswer> {
-    let lastFailure: unknown
-    for (let attempt = 0; ; attempt++) {
-      this.checkDeadline()
-      if (this.endedWith && !(allowCancelled && this.endedWith instanceof JobCancelled)) {
+  /** A call under the lease (src/client/holder-call.ts): refused after loss, retried on network failures and 5xx, 409s turned into loss. */
+  private holderCall(action: 'append' | 'complete' | 'fail', body: Record<string, unknown>, allowCancelled = false): Promise<JsonAnswer> {
+    return callUnderLease({
+      check: (lastFailure) => {
+        this.checkDeadline()
         // After a lost answer the outcome is unknown; say so rather than claim a loss that may not have mattered.
-        throw lastFailure ?? this.endedWith
-      }
-      if (this.finished) throw new FencegateClientError('lease_finished', `job ${this.jobId} is already finished under this lease`)
-      let answer: JsonAnswer
-      try {
-        answer = await this.send(action, body)
-      } catch (err) {
-        if (!(err instanceof GatewayUnreachable) || attempt >= retries) throw err
-        lastFailure = err
-        await pause(50 * 2 ** attempt)
-        continue
-      }
-      if (answer.status === 200) return answer
-      if (answer.status === 409 && (answer.body?.code === 'lease_lost' || answer.body?.code === 'not_owner')) {
-        this.lose((answer.body.reason as LostReason | undefined) ?? 'superseded')
-        throw this.endedWith!
-      }
-      if (answer.status === 404) {
-        this.lose('not_found')
-        throw this.endedWith!
-      }
-      if (answer.status >= 500 && attempt < retries) {
-        lastFailure = problemOf(answer)
-        await pause(50 * 2 ** attempt)
-        continue
-      }
-      throw problemOf(answer)
-    }
+        if (this.endedWith && !(allowCancelled && this.endedWith instanceof JobCancelled)) throw lastFailure ?? this.endedWith
+        if (this.finished) throw new FencegateClientError('lease_finished', `job ${this.jobId} is already finished under this lease`)
+      },
+      send: () => this.send(action, body),
+      lose: (reason) => {
+        this.lose(reason)
+        return this.endedWith!
+      },
+    })
   }
 
   private send(action: string, body: Record<string, unknown>): Promise<JsonAnswer> {
