@@ -49,21 +49,23 @@ export function storeSteps(jobs: JobStore, types: JobType[]): FencegateSteps {
   }
 }
 
-export function httpSteps(pool: HttpPool): FencegateSteps {
-  const post = async (path: string, body: unknown) => {
-    const res = await pool.request({ path: `/_fencegate/jobs${path}`, method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+/** The job API over HTTP; `auth` gives each call its token (a worker's, or a producer's without one). */
+export function httpSteps(pool: HttpPool, auth?: (worker?: string) => Promise<Record<string, string>>): FencegateSteps {
+  const post = async (path: string, body: unknown, worker?: string) => {
+    const headers = { 'content-type': 'application/json', ...(auth ? await auth(worker) : {}) }
+    const res = await pool.request({ path: `/_fencegate/jobs${path}`, method: 'POST', headers, body: JSON.stringify(body) })
     const text = await res.body.text()
     return { status: res.statusCode, json: text ? JSON.parse(text) : undefined }
   }
   return {
     async claim(worker_id, max, wait) {
-      const r = await post('/claim', { worker_id, types: [jobTypeName], ...(max > 1 ? { max } : {}), ...(wait ? { wait } : {}) })
+      const r = await post('/claim', { worker_id, types: [jobTypeName], ...(max > 1 ? { max } : {}), ...(wait ? { wait } : {}) }, worker_id)
       if (r.status === 204) return []
       if (r.status !== 200) throw new Error(`claim answered ${r.status}`)
       const jobs: { job_id: string; fence: string }[] = max > 1 ? r.json.jobs : [r.json]
       return jobs.map((j) => ({ jobId: j.job_id, fence: j.fence }))
     },
-    complete: async (worker_id, job) => (await post(`/${job.jobId}/complete`, { worker_id, fence: job.fence, result: { ok: true } })).status === 200,
+    complete: async (worker_id, job) => (await post(`/${job.jobId}/complete`, { worker_id, fence: job.fence, result: { ok: true } }, worker_id)).status === 200,
     start: async (key) => {
       const r = await post('', { type: jobTypeName, key, payload: { bench: true } })
       if (r.status !== 201) throw new Error(`start answered ${r.status}`)

@@ -5,7 +5,7 @@
 // `--backlog` jobs waiting. Reported: jobs/s and CPU µs per job of this process (the
 // workers, and the producers in the steady regime), the gateway, and the PostgreSQL
 // backends of the system's database (/proc/<pid>/stat).
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
@@ -17,10 +17,11 @@ import type { Db } from '../src/store/db.js'
 import { connectPostgres } from '../src/store/postgres.js'
 import { fencegateSystem, graphileSystem, httpSteps, jobTypeName, storeSteps, type System } from './lease-systems.js'
 import { backendCpu, backendCpuBetween, type BackendCpu } from './pg-cpu.js'
-import { cpuSeconds, freePort, isHealthy, startChild, stopChild, waitUntil, type Child } from './procs.js'
+import { cpuSeconds } from './procs.js'
+import { benchTokens, startLeaseGateway, type LeaseGateway } from './lease-gateway.js'
 import { prepareStore, type BenchStore } from './fresh-db.js'
 
-const systemNames = ['store', 'store-batch', 'http', 'http-batch', 'graphile'] as const
+const systemNames = ['store', 'store-batch', 'http', 'http-jwt', 'http-batch', 'graphile'] as const
 type SystemName = (typeof systemNames)[number]
 
 const flags = {
@@ -191,7 +192,6 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
   process.once('SIGINT', interrupt)
   const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-leases-'))
   const cleanups: (() => Promise<unknown>)[] = []
-  let gateway: Child | undefined
   // A phase that stops making progress (a bug, a dead server) ends the bench instead of hanging it.
   let stalled: NodeJS.Timeout | undefined
   const watch = (jobs: number) => {
@@ -211,30 +211,34 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     console.log(`store: ${store.description}; fencegate on ${store.location}`)
     console.log(`workload: no-op jobs, ${o.concurrency} in flight, depths ${o.depths.join(', ')}${o.steadyJobs ? `, steady ${o.steadyJobs} jobs (${o.producers} producers, backlog ${o.backlog})` : ''}, batch ${o.batch}, ${o.rounds} round(s) after a discarded warm-up`)
-    const [port, adminPort] = [await freePort(), await freePort()]
-    const configFile = join(tmp, 'fencegate.leases.yaml')
-    writeFileSync(configFile, JSON.stringify({ server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' }, store: { max_connections: o.concurrency }, routes: [unusedRoute], job_types: [jobType] }))
-    gateway = startChild('gateway', new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], { ...process.env, DATABASE_URL: store.url }, [])
-    const child = gateway
-    cleanups.unshift(() => stopChild(child))
-    await waitUntil(gateway, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
+    const gatewayConfig = { routes: [unusedRoute], job_types: [jobType] }
+    const gateway = await startLeaseGateway(tmp, store, o.concurrency, gatewayConfig, false)
+    cleanups.unshift(() => gateway.stop())
+    // Under auth (http-jwt): the same job API, each call with a token the gateway verifies and checks.
+    const jwtGateway = o.systems.includes('http-jwt') ? await startLeaseGateway(tmp, store, o.concurrency, gatewayConfig, true) : undefined
+    if (jwtGateway) cleanups.unshift(() => jwtGateway.stop())
     // The same pool size as the gateway's (its config above) and graphile-worker's, so every system gets equal connections.
     const db: Db = connectPostgres(url, { max: o.concurrency })
     cleanups.unshift(() => db.close())
     // As the gateway wires it: the completions of one event-loop turn share a statement.
     const jobs = createJobStore(db, { schedule: setImmediate })
-    const pool = new Pool(`http://127.0.0.1:${port}`, { connections: o.concurrency, headersTimeout: 30_000, bodyTimeout: 30_000 })
-    cleanups.unshift(() => pool.close())
+    const poolOf = (port: number) => {
+      const pool = new Pool(`http://127.0.0.1:${port}`, { connections: o.concurrency, headersTimeout: 30_000, bodyTimeout: 30_000 })
+      cleanups.unshift(() => pool.close())
+      return pool
+    }
+    const pool = poolOf(gateway.port)
     const cpu = backendCpu(adminUrl)
     cleanups.unshift(() => cpu.close())
     const systems: System[] = []
-    const fg = (name: string, steps: ReturnType<typeof storeSteps>, batch: number, http: boolean) =>
-      fencegateSystem({ name, database: fgDatabase, db, steps, batch, longPoll: http, ...(http ? { gatewayPid: gateway!.pid } : {}) })
+    const fg = (name: string, steps: ReturnType<typeof storeSteps>, batch: number, http?: LeaseGateway) =>
+      fencegateSystem({ name, database: fgDatabase, db, steps, batch, longPoll: http !== undefined, ...(http ? { gatewayPid: http.child.pid } : {}) })
     for (const name of o.systems) {
-      if (name === 'store') systems.push(fg('fencegate store, 1 per claim', storeSteps(jobs, types), 1, false))
-      if (name === 'store-batch') systems.push(fg(`fencegate store, ${o.batch} per claim`, storeSteps(jobs, types), o.batch, false))
-      if (name === 'http') systems.push(fg('fencegate HTTP, 1 per claim', httpSteps(pool), 1, true))
-      if (name === 'http-batch') systems.push(fg(`fencegate HTTP, ${o.batch} per claim`, httpSteps(pool), o.batch, true))
+      if (name === 'store') systems.push(fg('fencegate store, 1 per claim', storeSteps(jobs, types), 1))
+      if (name === 'store-batch') systems.push(fg(`fencegate store, ${o.batch} per claim`, storeSteps(jobs, types), o.batch))
+      if (name === 'http') systems.push(fg('fencegate HTTP, 1 per claim', httpSteps(pool), 1, gateway))
+      if (name === 'http-jwt') systems.push(fg('fencegate HTTP under auth.mode: jwt, 1 per claim', httpSteps(poolOf(jwtGateway!.port), benchTokens()), 1, jwtGateway))
+      if (name === 'http-batch') systems.push(fg(`fencegate HTTP, ${o.batch} per claim`, httpSteps(pool), o.batch, gateway))
       if (name === 'graphile') {
         const graphileDb = await freshDatabase(adminUrl, `graphile_bench_${Date.now()}`)
         cleanups.push(() => graphileDb.drop())
