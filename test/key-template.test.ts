@@ -180,6 +180,13 @@ describe.each(backends())('idempotency keys read by a template, on $name', (back
     expect(executions()).toBe(before + 1)
   })
 
+  it('Connection cannot strip the Content-Type a body key was read with (only the key reads the body here)', async () => {
+    answering()
+    const res = await rawPost(`${fx.gw.url}/exports/a9`, { ...await as('A'), 'content-type': 'application/x-www-form-urlencoded', connection: 'content-type' }, 'period=2026-10')
+    expect(res.status).toBe(201)
+    expect(fx.upstream.received.at(-1)!.headers['content-type']).toBe('application/x-www-form-urlencoded')
+  })
+
   it('upstream_key: tenant_scoped on a key header replaces that header upstream, one per tenant and key', async () => {
     answering()
     const send = async (tenant: string) => post(`${fx.gw.url}/scoped`, undefined, { body: '{"order_id":"o9"}', headers: await as(tenant, { 'paypal-request-id': 'pp-shared' }) })
