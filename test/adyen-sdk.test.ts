@@ -8,12 +8,12 @@ import { makeCertificates, startTlsFront, type TlsFront } from './helpers/tls-fr
 /**
  * An Adyen-like upstream: `POST /v72/payments` answering a `PaymentResponse`, Adyen's own
  * de-duplication by `Idempotency-Key` (the same payload replays, another is Adyen's
- * `422` error object), and a `shopperReference` of `fault:reset` or `fault:slow`.
+ * `422` error object), and a `shopperReference` of `fault:reset`, `fault:slow` or `fault:stall`.
  */
 function startFakeAdyen(): Promise<FakeApi> {
   return startFakeApi({
     keyOf: (req) => (req.headers['idempotency-key'] as string | undefined),
-    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow' } as const)[String(jsonOf(req).shopperReference) as 'fault:reset'],
+    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow', 'fault:stall': 'stall' } as const)[String(jsonOf(req).shopperReference) as 'fault:reset'],
     execute: (req, n) => {
       const b = jsonOf(req)
       const psp = `PSP${String(n).padStart(13, '0')}`
@@ -29,14 +29,14 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
   let gw: TestGateway
   let front: TlsFront
   /** The recipe's client: the library's own HTTP client, with Adyen's URLs sent to fencegate's TLS front. */
-  const checkoutVia = (config: { connectionTimeoutMillis?: number } = {}) => {
+  const checkoutVia = (config: { connectionTimeoutMillis?: number } = {}, via = front.url) => {
     const adyenHttp = new HttpURLConnectionClient()
     // The recipe trusts the front with NODE_EXTRA_CA_CERTS; a test process already running gives the CA to the library's agent.
     Object.assign(adyenHttp, { agentOptions: { ca: certs.ca } })
     const client = new Client({ apiKey: 'AQE_test_fencegate', environment: EnvironmentEnum.TEST, ...config })
     client.httpClient = {
       request: (endpoint, json, cfg, isApiKeyRequired, options) =>
-        adyenHttp.request(endpoint.replace('https://checkout-test.adyen.com', front.url), json, cfg, isApiKeyRequired, options),
+        adyenHttp.request(endpoint.replace('https://checkout-test.adyen.com', via), json, cfg, isApiKeyRequired, options),
     }
     return new CheckoutAPI(client)
   }
@@ -98,6 +98,32 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     expect(await again).toMatchObject({ resultCode: 'Authorised', merchantReference: 'o-slow' })
     expect(fake.executions.get('slow')).toBe(1)
     expect(fake.arrivals('slow')).toBe(1)
+  })
+
+  it('Adyen slower than the route\'s timeout_ms: the library throws the 504, the call again with the key is forwarded and replayed: one payment', async () => {
+    const quick = await startTestGateway({ config: testConfig(recipeRoutes('adyen', fake.upstream.url).map((r) => ({ ...r, timeout_ms: 300 }))), store: t.store })
+    const quickFront = await startTlsFront(certs, Number(new URL(quick.url).port))
+    try {
+      const via = checkoutVia({}, quickFront.url)
+      const late = await thrown(via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' }), HttpClientException)
+      expect(late.statusCode).toBe(504)
+      expect(late.apiError).toMatchObject({ code: 'upstream_timeout' })
+      const again = await via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' })
+      expect(again).toMatchObject({ resultCode: 'Authorised', merchantReference: 'o-stall' })
+      expect(fake.executions.get('stall')).toBe(1)
+      expect(fake.arrivals('stall')).toBe(2)
+    } finally {
+      await quickFront.close()
+      await quick.close()
+    }
+  })
+
+  it('a payment without idempotencyKey is refused on this route, never forwarded', async () => {
+    const before = fake.upstream.received.length
+    const err = await thrown(checkout.PaymentsApi.payments(payment('o-nokey')), HttpClientException)
+    expect(err.statusCode).toBe(400)
+    expect(err.apiError).toMatchObject({ code: 'idempotency_key_required' })
+    expect(fake.upstream.received).toHaveLength(before)
   })
 
   it('20 concurrent payments on 5 keys: 5 payments, and every caller gets its key\'s pspReference', async () => {

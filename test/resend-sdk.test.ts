@@ -7,12 +7,12 @@ import { startTestGateway, testConfig, type TestGateway } from './helpers/gatewa
 /**
  * A Resend-like upstream: `POST /emails` answering `{ id }`, Resend's own de-duplication by
  * `Idempotency-Key` (the same payload replays, another is `409 invalid_idempotent_request`),
- * and a subject of `fault:reset` or `fault:slow`.
+ * and a subject of `fault:reset`, `fault:slow` or `fault:stall`.
  */
 function startFakeResend(): Promise<FakeApi> {
   return startFakeApi({
     keyOf: (req) => (req.headers['idempotency-key'] as string | undefined),
-    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow' } as const)[String(jsonOf(req).subject) as 'fault:reset'],
+    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow', 'fault:stall': 'stall' } as const)[String(jsonOf(req).subject) as 'fault:reset'],
     execute: (_req, n) => ({ status: 200, body: { id: `49a3999c-0ce1-4ea6-ab68-afcd6dc2e7${String(n).padStart(2, '0')}` } }),
     reused: () => ({ status: 409, body: { statusCode: 409, name: 'invalid_idempotent_request', message: 'Same idempotency key used with a different request payload.' } }),
   })
@@ -76,6 +76,22 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
     expect(data!.id).toMatch(/^49a3999c-/)
     expect(fake.executions.get('slow')).toBe(1)
     expect(fake.arrivals('slow')).toBe(1)
+  })
+
+  it('Resend slower than the route\'s timeout_ms: the SDK returns the 504, the call again with the key is forwarded and replayed: one e-mail', async () => {
+    const quick = await startTestGateway({ config: testConfig(recipeRoutes('resend', fake.upstream.url).map((r) => ({ ...r, timeout_ms: 300 }))), store: t.store })
+    try {
+      const client = new Resend('re_test_fencegate', { baseUrl: quick.url })
+      const late = await failed(client.emails.send(email('stall@example.com', 'fault:stall'), { idempotencyKey: 'stall' }))
+      expect(late).toMatchObject({ code: 'upstream_timeout', status: 504 })
+      const again = await client.emails.send(email('stall@example.com', 'fault:stall'), { idempotencyKey: 'stall' })
+      expect(again.error).toBeNull()
+      expect(again.data!.id).toMatch(/^49a3999c-/)
+      expect(fake.executions.get('stall')).toBe(1)
+      expect(fake.arrivals('stall')).toBe(2)
+    } finally {
+      await quick.close()
+    }
   })
 
   it('20 concurrent sends on 5 keys: 5 e-mails, and every caller gets its key\'s id', async () => {

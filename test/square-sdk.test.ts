@@ -7,13 +7,13 @@ import { startTestGateway, testConfig, type TestGateway } from './helpers/gatewa
 /**
  * A Square-like upstream: `POST /v2/payments` with the key in the JSON body, Square's own
  * de-duplication by `idempotency_key` (the same body replays, another is
- * `400 IDEMPOTENCY_KEY_REUSED` in Square's `errors[]`), and a `note` of `fault:reset` or
- * `fault:slow`.
+ * `400 IDEMPOTENCY_KEY_REUSED` in Square's `errors[]`), and a `note` of `fault:reset`,
+ * `fault:slow` or `fault:stall`.
  */
 function startFakeSquare(): Promise<FakeApi> {
   return startFakeApi({
     keyOf: (req) => jsonOf(req).idempotency_key,
-    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow' } as const)[String(jsonOf(req).note) as 'fault:reset'],
+    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:slow': 'slow', 'fault:stall': 'stall' } as const)[String(jsonOf(req).note) as 'fault:reset'],
     execute: (req, n) => {
       const b = jsonOf(req)
       return {
@@ -100,6 +100,21 @@ describe.each(backends())('the official Square SDK through fencegate, on $name',
     expect(fake.arrivals('slow')).toBe(1)
   })
 
+  it('Square slower than the route\'s timeout_ms: the SDK retries the 504 with its key, fencegate forwards it, Square replays: one payment', async () => {
+    // The recipe's route with a short timeout_ms, on a gateway of its own (the lock must outlast it, as it does).
+    const quick = await startTestGateway({ config: testConfig(recipeRoutes('square', fake.upstream.url).map((r) => ({ ...r, timeout_ms: 300 }))), store: t.store })
+    try {
+      const client = new SquareClient({ token: 'sq_test_fencegate', baseUrl: quick.url, fetch: counting })
+      const res = await client.payments.create(payment('stall', 'o-stall', { note: 'fault:stall' }))
+      expect(res.payment).toMatchObject({ status: 'COMPLETED', referenceId: 'o-stall' })
+      expect(attemptsOf('stall')).toBe(2)
+      expect(fake.executions.get('stall')).toBe(1)
+      expect(fake.arrivals('stall')).toBe(2)
+    } finally {
+      await quick.close()
+    }
+  })
+
   it('20 concurrent calls on 5 keys: 5 payments, and every caller gets its key\'s payment', async () => {
     fake.holdUntilNames(5)
     const results = await Promise.all(Array.from({ length: 20 }, (_, i) => square.payments.create(payment(`conc-${i % 5}`, `o-conc-${i % 5}`))))
@@ -128,6 +143,9 @@ describe.each(backends())('the official Square SDK through fencegate, on $name',
     const err = await thrown(square.payments.create(payment('fence-4', 'o-fenced'), { headers: { 'X-Execution-Fence': '4' } }), SquareError)
     expect(err.statusCode).toBe(409)
     expect(err.body).toMatchObject({ code: 'stale_fence', detail: expect.stringMatching(/fence 4 is lower than 5/) })
+    // Square's own errors[]: the SDK's fallback for a body without one, until the per-route error envelope (issue 29, item 5).
+    expect(err.errors).toEqual([expect.objectContaining({ category: 'V1_ERROR' })])
+    expect(err.errors[0]!.code).not.toBe('stale_fence')
     expect(attemptsOf('fence-4')).toBe(1)
     expect(fake.arrivals('fence-4')).toBe(0)
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=order:o-fenced`)).json() as { items: { code: string }[] }

@@ -6,13 +6,14 @@ import { startTestGateway, testConfig, type TestGateway } from './helpers/gatewa
 
 /**
  * A Zendesk-like upstream: `POST /api/v2/tickets.json` creating `{ ticket }` with an id,
- * no de-duplication of its own (each create is a ticket), and a subject of `fault:reset`.
+ * no de-duplication of its own (each create is a ticket), and a subject of `fault:reset`
+ * or `fault:stall`.
  */
 function startFakeZendesk(): Promise<FakeApi> {
   return startFakeApi({
     keyOf: () => undefined,
     nameOf: (req) => String(jsonOf(req).ticket?.external_id ?? ''),
-    faultOf: (req) => (jsonOf(req).ticket?.subject === 'fault:reset' ? 'reset' : undefined),
+    faultOf: (req) => ({ 'fault:reset': 'reset', 'fault:stall': 'stall' } as const)[String(jsonOf(req).ticket?.subject) as 'fault:reset'],
     execute: (req, n) => {
       const t = jsonOf(req).ticket
       return { status: 201, headers: { location: `/api/v2/tickets/${n}.json` }, body: { ticket: { id: n, external_id: t.external_id, subject: t.subject, status: 'new', url: `https://example.zendesk.com/api/v2/tickets/${n}.json` } } }
@@ -93,6 +94,26 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
     expect((again.response as Response).status).toBe(502)
     expect(fake.executions.get('T-reset')).toBe(1)
     expect(fake.arrivals('T-reset')).toBe(1)
+  })
+
+  it('Zendesk slower than the route\'s timeout_ms: the 504 resolves with an empty result too, and the ticket is not created twice', async () => {
+    const quick = await startTestGateway({ config: testConfig(recipeRoutes('zendesk', fake.upstream.url).map((r) => ({ ...r, timeout_ms: 300 }))), store: t.store })
+    try {
+      const client = zendesk.createClient({ username: 'agent@example.com', token: 'zd-token', endpointUri: `${quick.url}/api/v2`, throwOriginalException: true }).tickets
+      const late = await client.create(ticket('T-stall', 'fault:stall'))
+      expect([(late.response as Response).status, late.result]).toEqual([504, {}])
+      const again = await client.create(ticket('T-stall', 'fault:stall'))
+      expect([(again.response as Response).status, again.result]).toEqual([502, {}])
+      expect(fake.executions.get('T-stall')).toBe(1)
+      expect(fake.arrivals('T-stall')).toBe(1)
+    } finally {
+      await quick.close()
+    }
+  })
+
+  it('a call with no route is thrown as Zendesk\'s 404', async () => {
+    const err = await thrown(tickets().show(1))
+    expect([err.statusCode, err.message]).toEqual([404, 'Zendesk Error (404): Item not found'])
   })
 
   it('a create that names no external_id is refused: the route keys on it', async () => {

@@ -4,7 +4,7 @@ import { parse as parseYaml } from 'yaml'
 import { startUpstream, type ReceivedRequest, type TestUpstream } from './upstream.js'
 
 /** A fault a test asks the fake for, in a field of the request it names per API. */
-export type Fault = 'reset' | 'slow'
+export type Fault = 'reset' | 'slow' | 'stall'
 
 /** One answer of the fake: status, JSON body and headers. */
 export interface FakeAnswer {
@@ -44,7 +44,8 @@ export interface FakeApi {
  * operation once, and, where the API de-duplicates keys itself, answers the same key and
  * parameters with the stored answer and other parameters with the API's reuse error. A
  * `reset` executes and then drops the connection, once per name; `slow` holds the answer
- * until `releaseSlow()`. The model is test/helpers/fake-stripe.ts, for any API.
+ * until `releaseSlow()`; `stall` executes and never answers that request (a retry with the
+ * key gets the stored answer). The model is test/helpers/fake-stripe.ts, for any API.
  */
 export async function startFakeApi(spec: FakeApiSpec): Promise<FakeApi> {
   const nameOf = (req: ReceivedRequest) => spec.nameOf?.(req) ?? spec.keyOf(req) ?? ''
@@ -82,6 +83,7 @@ export async function startFakeApi(spec: FakeApiSpec): Promise<FakeApi> {
       res.socket?.destroy()
       return
     }
+    if (fault === 'stall') return
     if (fault === 'slow') await slow
     send(res, answer)
   }
