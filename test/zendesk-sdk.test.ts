@@ -84,26 +84,27 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
   })
 
-  it('a reset after the ticket was created: the SDK resolves the 502 with an empty result, and no create of that ticket is sent again', async () => {
+  it('a reset after the ticket was created: the SDK resolves the 502 without a ticket, and no create of that ticket is sent again', async () => {
     const lost = await tickets().create(ticket('T-reset', 'fault:reset'))
-    // A 502 is not in node-zendesk's error table: the call resolves, with nothing in it.
-    expect(lost.result).toEqual({})
+    // A 502 is not in node-zendesk's error table: the call resolves, with no ticket in it (today
+    // `{}`, as the SDK reads no problem+json body; the problem once content negotiation lands).
+    expect(lost.result?.id).toBeUndefined()
     expect((lost.response as Response).status).toBe(502)
     const again = await tickets().create(ticket('T-reset', 'fault:reset'))
-    expect(again.result).toEqual({})
+    expect(again.result?.id).toBeUndefined()
     expect((again.response as Response).status).toBe(502)
     expect(fake.executions.get('T-reset')).toBe(1)
     expect(fake.arrivals('T-reset')).toBe(1)
   })
 
-  it('Zendesk slower than the route\'s timeout_ms: the 504 resolves with an empty result too, and the ticket is not created twice', async () => {
+  it('Zendesk slower than the route\'s timeout_ms: the 504 resolves without a ticket too, and the ticket is not created twice', async () => {
     const quick = await startTestGateway({ config: testConfig(recipeRoutes('zendesk', fake.upstream.url).map((r) => ({ ...r, timeout_ms: 300 }))), store: t.store })
     try {
       const client = zendesk.createClient({ username: 'agent@example.com', token: 'zd-token', endpointUri: `${quick.url}/api/v2`, throwOriginalException: true }).tickets
       const late = await client.create(ticket('T-stall', 'fault:stall'))
-      expect([(late.response as Response).status, late.result]).toEqual([504, {}])
+      expect([(late.response as Response).status, late.result?.id]).toEqual([504, undefined])
       const again = await client.create(ticket('T-stall', 'fault:stall'))
-      expect([(again.response as Response).status, again.result]).toEqual([502, {}])
+      expect([(again.response as Response).status, again.result?.id]).toEqual([502, undefined])
       expect(fake.executions.get('T-stall')).toBe(1)
       expect(fake.arrivals('T-stall')).toBe(1)
     } finally {
