@@ -124,6 +124,21 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     expect([unnamed.status, unnamed.json.code]).toEqual([400, 'idempotency_key_required'])
   })
 
+  it('changing idempotency_payload or idempotency_key on a live route: an earlier key\'s duplicate is refused, or a new operation', async () => {
+    const reports = (extra: Record<string, unknown>) => route(upstream.url, { name: 'reports', path: '/reports', entity: undefined, fence: 'off', idempotency: 'required', idempotency_key: 'report:{body.report_type}:{body.period}', ...extra })
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_payload: 'key' }) })).status).toBe(200)
+    const body = JSON.stringify({ report_type: 'sales', period: '2026-08', requested_at: '10:00' })
+    expect((await post(`${gw.url}/reports`, undefined, { body })).status).toBe(200)
+    // The stored record names the operation by the old payload rule: the same request no longer matches it.
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_payload: 'request' }) })).status).toBe(200)
+    const refused = await post(`${gw.url}/reports`, undefined, { body })
+    expect([refused.status, refused.json.code]).toEqual([422, 'idempotency_key_reused'])
+    // Another template reads another key from the same request: a new operation, forwarded again.
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_key: 'r:{body.report_type}:{body.period}' }) })).status).toBe(200)
+    expect((await post(`${gw.url}/reports`, undefined, { body })).headers.get('idempotent-replayed')).toBeNull()
+    expect(upstream.received.filter((r) => r.path === '/reports')).toHaveLength(2)
+  })
+
   it('answers an unchanged rule without a new version', async () => {
     const rule = (await admin(gw.adminUrl, '/rules/tickets')).json.rule
     const again = await admin(gw.adminUrl, '/rules/tickets', { method: 'PUT', body: rule })
