@@ -36,6 +36,9 @@ export const cases: readonly Case[] = [
   { name: 'fg-spread', label: 'fencegate fenced, spread entities', system: 'gateway', traffic: { path: pay, entity: 'spread', key: 'none' }, hand: 'hand-fence', p99Of: 'hand-fence', seedPath: pay },
   { name: 'fg-hot', label: 'fencegate fenced, one hot entity', system: 'gateway', traffic: { path: pay, entity: 'hot', key: 'none' }, hand: 'hand-hot', p99Of: 'hand-hot' },
   { name: 'fg-key', label: 'fencegate new `Idempotency-Key`', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'new' }, hand: 'hand-key', p99Of: 'hand-key', seedPath: pay },
+  // The key in the JSON body (`idempotency_key: "{body.idempotency_key}"`, Square's convention):
+  // beside fg-key it shows what reading the key from the body costs over the header.
+  { name: 'fg-key-body', label: 'fencegate new key in the body (`{body.idempotency_key}`)', system: 'gateway', traffic: { path: '/bodykey/payments/{id}/capture', entity: 'spread', key: 'body' }, hand: 'hand-key', p99Of: 'fg-key', seedPath: pay },
   // Every request raises its entity's fence (entities invoice:r<id>, apart from spread's), so the
   // reserve statement also writes a fence history row: beside fg-spread (equal fences, no row)
   // it shows what the history costs.

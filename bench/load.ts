@@ -116,6 +116,7 @@ function runAutocannon(spec: LoadSpec): Promise<LoadResult> {
           const o = next()
           request.path = o.path
           request.headers = { ...request.headers, ...o.headers }
+          if (o.body !== undefined) request.body = o.body
           return request
         },
       }],

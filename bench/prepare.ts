@@ -34,7 +34,7 @@ async function sendEach(url: string, t: Traffic, count: number, make: (i: number
     while (next < count && !signal.aborted) {
       const o = make(next++)
       try {
-        const res = await pool.request({ path: o.path, method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: requestBody })
+        const res = await pool.request({ path: o.path, method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: o.body ?? requestBody })
         await res.body.arrayBuffer()
         statuses[res.statusCode] = (statuses[res.statusCode] ?? 0) + 1
       } catch {
@@ -59,7 +59,7 @@ const seconds = (since: number) => ((performance.now() - since) / 1000).toFixed(
  */
 export async function probeCase(c: Case, url: string, t: Traffic): Promise<string | undefined> {
   const o = requests(t)()
-  const res = await fetch(new URL(o.path, url), { method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: requestBody, signal: AbortSignal.timeout(10_000) })
+  const res = await fetch(new URL(o.path, url), { method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: o.body ?? requestBody, signal: AbortSignal.timeout(10_000) })
   const text = await res.text()
   if (res.status < 200 || res.status > 299) return `a probe request got ${res.status}: ${text.slice(0, 200)}`
   const replayed = res.headers.get('idempotent-replayed') === 'true'

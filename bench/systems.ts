@@ -43,6 +43,7 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
       { ...route, name: 'passthrough', path: '/passthrough/:invoice_id/capture', fence: 'off' },
       { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
       { ...route, name: 'capture-once', path: '/idempotent/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required' },
+      { ...route, name: 'capture-body-key', path: '/bodykey/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required', idempotency_key: '{body.idempotency_key}' },
     ],
   }, null, 2)
 }

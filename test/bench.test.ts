@@ -20,7 +20,7 @@ import { listeningPort, startChild, stopChild, type Child } from '../bench/procs
 import { rows, targets, type Results } from '../bench/report.js'
 import { parseOptions, type CaseName } from '../bench/run-options.js'
 import { cases, withWorkers, type CaseId } from '../bench/cases.js'
-import { requestBody, type Traffic } from '../bench/traffic.js'
+import { bodyWithKey, requestBody, type Traffic } from '../bench/traffic.js'
 
 const sample = (round: number, rps: number, extra: { proxy?: number; postgres?: number; p99?: number } = {}): Sample => ({
   round,
@@ -197,6 +197,18 @@ describe.skipIf(!wrk)('bench traffic through wrk', () => {
       expect(s.headers['idempotency-key']).toMatch(/^k\.\d+$/)
     }
     expect(new Set(seen.map((s) => s.headers['idempotency-key'])).size).toBe(seen.length)
+  })
+
+  it('puts a new key in the JSON body on every request of a body-key case, and no key header', async () => {
+    const { seen } = await load(traffic({ key: 'body', path: '/bodykey/payments/{id}/capture' }))
+    expect(seen.length).toBeGreaterThan(1)
+    const keys = seen.map((s) => JSON.parse(s.body) as Record<string, unknown>)
+    for (const [i, k] of keys.entries()) {
+      expect(k).toMatchObject({ amount: 1250, currency: 'EUR', idempotency_key: expect.stringMatching(/^k\.\d+$/) })
+      expect(seen[i]!.body).toBe(bodyWithKey(String(k.idempotency_key)))
+      expect(seen[i]!.headers['idempotency-key']).toBeUndefined()
+    }
+    expect(new Set(keys.map((k) => k.idempotency_key)).size).toBe(seen.length)
   })
 
   it('raises the fence on every request when the case raises', async () => {

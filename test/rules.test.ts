@@ -109,6 +109,36 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     expect(ruleDeletedSchema.parse((await admin(gw.adminUrl, '/rules/refunds', { method: 'DELETE' })).json)).toBeTruthy()
   })
 
+  it('a route put through the rules API reads its key by its idempotency_key template, and idempotency_payload applies', async () => {
+    const put = await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: route(upstream.url, {
+      name: 'reports', path: '/reports', entity: undefined, fence: 'off', idempotency: 'required',
+      idempotency_key: 'report:{body.report_type}:{body.period}', idempotency_payload: 'key',
+    }) })
+    expect(put.status).toBe(200)
+    expect((await admin(gw.adminUrl, '/rules/reports')).json.rule).toMatchObject({ idempotency_key: 'report:{body.report_type}:{body.period}', idempotency_payload: 'key' })
+    const ask = (at: string) => post(`${gw.url}/reports`, undefined, { body: JSON.stringify({ report_type: 'sales', period: '2026-08', requested_at: at }) })
+    expect((await ask('10:00')).status).toBe(200)
+    expect((await ask('10:05')).headers.get('idempotent-replayed')).toBe('true')
+    expect(upstream.received.filter((r) => r.path === '/reports')).toHaveLength(1)
+    const unnamed = await post(`${gw.url}/reports`, undefined, { body: '{"report_type":"sales"}' })
+    expect([unnamed.status, unnamed.json.code]).toEqual([400, 'idempotency_key_required'])
+  })
+
+  it('changing idempotency_payload or idempotency_key on a live route: an earlier key\'s duplicate is refused, or a new operation', async () => {
+    const reports = (extra: Record<string, unknown>) => route(upstream.url, { name: 'reports', path: '/reports', entity: undefined, fence: 'off', idempotency: 'required', idempotency_key: 'report:{body.report_type}:{body.period}', ...extra })
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_payload: 'key' }) })).status).toBe(200)
+    const body = JSON.stringify({ report_type: 'sales', period: '2026-08', requested_at: '10:00' })
+    expect((await post(`${gw.url}/reports`, undefined, { body })).status).toBe(200)
+    // The stored record names the operation by the old payload rule: the same request no longer matches it.
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_payload: 'request' }) })).status).toBe(200)
+    const refused = await post(`${gw.url}/reports`, undefined, { body })
+    expect([refused.status, refused.json.code]).toEqual([422, 'idempotency_key_reused'])
+    // Another template reads another key from the same request: a new operation, forwarded again.
+    expect((await admin(gw.adminUrl, '/rules/reports', { method: 'PUT', body: reports({ idempotency_key: 'r:{body.report_type}:{body.period}' }) })).status).toBe(200)
+    expect((await post(`${gw.url}/reports`, undefined, { body })).headers.get('idempotent-replayed')).toBeNull()
+    expect(upstream.received.filter((r) => r.path === '/reports')).toHaveLength(2)
+  })
+
   it('answers an unchanged rule without a new version', async () => {
     const rule = (await admin(gw.adminUrl, '/rules/tickets')).json.rule
     const again = await admin(gw.adminUrl, '/rules/tickets', { method: 'PUT', body: rule })
@@ -120,6 +150,8 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     ['upstream credentials', { upstream_headers: { Authorization: 'Bearer x' } }, 'upstream_headers'],
     ['a second route for the same requests', { path: '/payments/:other/capture', entity: 'invoice:{params.other}' }, 'another route already matches'],
     ['an entity template naming a missing param', { entity: 'invoice:{params.nope}' }, 'params.nope'],
+    ['a key template naming a missing param', { path: '/bad/:invoice_id', idempotency: 'required', idempotency_key: 'k:{params.nope}' }, 'idempotency_key: uses params.nope'],
+    ['tenant_scoped with a body key', { path: '/bad/:invoice_id', idempotency: 'required', idempotency_key: '{body.k}', upstream_key: 'tenant_scoped' }, 'upstream_key: tenant_scoped replaces the header'],
   ])('refuses %s with 422 invalid_rule and changes nothing', async (_what, override, mentions) => {
     const res = await admin(gw.adminUrl, '/rules/bad', { method: 'PUT', body: route(upstream.url, { name: 'bad', ...override }) })
     expect(res.status).toBe(422)

@@ -1,5 +1,5 @@
 import { z } from 'zod'
-import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix } from './templates.js'
+import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, defaultKeyTemplate, isStorableText, maxEntityLength, keyHeaderOf, reservedPrefix } from './templates.js'
 import { duration, headerName, integer, ruleName, size, upstream } from './fields.js'
 
 // Framing, cookies and what only the gateway sets on a replay never come from the store.
@@ -29,6 +29,20 @@ export const routeSchema = z.object({
   fence: z.enum(['required', 'optional', 'off', 'lease']).default('required'),
   timeout_ms: integer(1, 600_000).default(10_000),
   idempotency: z.enum(['required', 'optional', 'off']).default('off'),
+  /** Where a request names its operation: the entity grammar (`{body.idempotency_key}`, `report:{body.type}:{body.period}`). */
+  idempotency_key: z.string().default(defaultKeyTemplate).superRefine((t, ctx) => {
+    try {
+      compileKeyTemplate(t)
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: (e as Error).message })
+    }
+  }),
+  /**
+   * What a key names: `request`, the request it came with (another payload with it is
+   * `idempotency_key_reused`), or `key`, the operation alone (a duplicate with another body
+   * gets the first answer), for natural keys such as `report:{body.type}:{body.period}`.
+   */
+  idempotency_payload: z.enum(['request', 'key']).default('request'),
   idempotency_ttl: duration.pipe(z.number().min(1000, 'must be at least 1s').max(365 * 86_400_000, 'must be at most 365d')).default(86_400_000),
   idempotency_lock: duration.pipe(z.number().min(1, 'must be positive').max(86_400_000, 'must be at most 24h')).default(30_000),
   // Default: the route's timeout_ms (idempotencyWaitOf), so a duplicate outlasts its original and gets the one result.
@@ -69,16 +83,22 @@ export const routeSchema = z.object({
   if (r.fence !== 'off' && r.entity === undefined) {
     ctx.addIssue({ code: 'custom', path: ['entity'], message: `required when fence is ${r.fence}` })
   }
-  // Only the cross-field check is left once path and entity compiled on their own.
-  let pattern, entity
+  // Only the cross-field checks are left once path and templates compiled on their own.
+  let pattern, entity, key
   try {
     pattern = compilePathPattern(r.path)
     entity = r.entity === undefined ? undefined : compileEntityTemplate(r.entity)
+    key = compileKeyTemplate(r.idempotency_key)
   } catch {
     return
   }
-  const missing = entity?.params.find((p) => !pattern.params.includes(p))
-  if (missing) ctx.addIssue({ code: 'custom', path: ['entity'], message: `uses params.${missing}, which ${r.path} does not define` })
+  for (const [field, template] of [['entity', entity], ['idempotency_key', key]] as const) {
+    const missing = template?.params.find((p) => !pattern.params.includes(p))
+    if (missing) ctx.addIssue({ code: 'custom', path: [field], message: `uses params.${missing}, which ${r.path} does not define` })
+  }
+  if (r.upstream_key === 'tenant_scoped' && keyHeaderOf(key) === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['upstream_key'], message: `tenant_scoped replaces the header the key is read from; idempotency_key ${r.idempotency_key} is not one header, and the body, path and query go upstream as sent` })
+  }
 })
 
 /**

@@ -34,6 +34,34 @@ export interface EntityTemplate { parts: TemplatePart[]; usesBody: boolean; para
 
 /** Compiles `invoice:{params.invoice_id}`; sources are params.X, query.X, header.X and body.a.b. */
 export function compileEntityTemplate(template: string): EntityTemplate {
+  return compileTemplate(template, 'an entity template')
+}
+
+/** What a route's key is read from unless it says otherwise: the header Stripe's clients send. */
+export const defaultKeyTemplate = '{header.Idempotency-Key}'
+
+/**
+ * Compiles a route's `idempotency_key` (`{body.idempotency_key}`, `report:{body.type}:{body.period}`):
+ * the entity grammar, so a key is read from a request exactly as an entity is.
+ *
+ * @example compileKeyTemplate('{header.PayPal-Request-Id}').parts // [{ source: 'header', name: 'paypal-request-id' }]
+ */
+export function compileKeyTemplate(template: string): EntityTemplate {
+  return compileTemplate(template, 'a key template')
+}
+
+/**
+ * The header a key template is, when it is exactly one header (`{header.Idempotency-Key}`):
+ * the header whose value `upstream_key: tenant_scoped` replaces and the answer echoes.
+ *
+ * @example keyHeaderOf(compileKeyTemplate('{header.PayPal-Request-Id}')) // 'paypal-request-id'
+ */
+export function keyHeaderOf(key: EntityTemplate): string | undefined {
+  const [only, ...rest] = key.parts
+  return rest.length === 0 && only && 'source' in only && only.source === 'header' ? only.name : undefined
+}
+
+function compileTemplate(template: string, what: string): EntityTemplate {
   const parts: TemplatePart[] = []
   const re = /\{([^{}]*)\}/g
   let last = 0
@@ -50,7 +78,7 @@ export function compileEntityTemplate(template: string): EntityTemplate {
   }
   if (last < template.length) parts.push({ literal: template.slice(last) })
   if (/[{}]/.test(parts.flatMap((p) => ('literal' in p ? [p.literal] : [])).join(''))) throw new Error('unbalanced { or }')
-  if (!parts.some((p) => 'source' in p)) throw new Error('an entity template needs at least one {placeholder}')
+  if (!parts.some((p) => 'source' in p)) throw new Error(`${what} needs at least one {placeholder}`)
   return {
     parts,
     usesBody: parts.some((p) => 'source' in p && p.source === 'body'),

@@ -1,5 +1,6 @@
 import type { HeaderFields, HeaderView } from '../http/exchange.js'
 import type { RouteConfig } from '../config/schema.js'
+import { defaultKeyTemplate } from '../config/templates.js'
 import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
 
 /**
@@ -15,7 +16,8 @@ import { idempotencyHeader, parseIdempotencyKey } from './idempotency.js'
  * @example echoIdempotencyKey(response.headers, request, route.config)
  */
 export function echoIdempotencyKey(target: HeaderFields | Record<string, string>, request: { headers: HeaderView }, route: RouteConfig): void {
-  if (route.idempotency === 'off') return
+  // Only where the key is that header: a key read from elsewhere has none to echo.
+  if (route.idempotency === 'off' || route.idempotency_key.toLowerCase() !== defaultKeyTemplate.toLowerCase()) return
   const sent = request.headers.get(idempotencyHeader)
   try {
     if (parseIdempotencyKey(sent) === undefined) return

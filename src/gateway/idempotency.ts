@@ -20,9 +20,9 @@ export const maxKeyLength = 255
  * @example parseIdempotencyKey('"order-42"') // 'order-42'
  * @example parseIdempotencyKey('order-42') // 'order-42'
  */
-export function parseIdempotencyKey(value: string | null): string | undefined {
+export function parseIdempotencyKey(value: string | null, header = 'Idempotency-Key'): string | undefined {
   if (value === null) return undefined
-  const invalid = (why: string) => new FencegateError('invalid_idempotency_key', `Idempotency-Key ${why}`)
+  const invalid = (why: string) => new FencegateError('invalid_idempotency_key', `${header} ${why}`)
   let key: string
   if (value.startsWith('"')) {
     const m = /^"((?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\["\\])*)"$/.exec(value)
@@ -55,6 +55,18 @@ export async function payloadFingerprint(method: string, route: string, path: st
   // on such routes, so every other route's fingerprints stay as they were.
   const entity = headerEntity === undefined ? '' : `\n${headerEntity}`
   return digest(new TextEncoder().encode(`${method}\n${route}\n${path}\n${query}\n${bodySha256}${entity}`))
+}
+
+/**
+ * The fingerprint of an `idempotency_payload: key` route, where the key alone names the
+ * operation: method and route, and the entity when the route has one (an answer about
+ * one entity is never replayed for another), but neither path, query nor body. It starts
+ * with `key`, so it never equals a request fingerprint's input.
+ *
+ * @example await keyFingerprint('POST', 'reports', 'report:sales:2026-08')
+ */
+export async function keyFingerprint(method: string, route: string, entity: string | undefined, digest: Digest = sha256Hex): Promise<string> {
+  return digest(new TextEncoder().encode(`key\n${method}\n${route}${entity === undefined ? '' : `\n${entity}`}`))
 }
 
 /**

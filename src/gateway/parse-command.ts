@@ -5,7 +5,8 @@ import type { IdempotencyClaim } from '../store/store.js'
 import { checkClaimedTenant, commandPolicy, entityOf, entitySources, type CommandPolicy } from './command.js'
 import type { PipelineContext } from './context.js'
 import { fenceHeader, parseFence } from './fence.js'
-import { idempotencyHeader, parseIdempotencyKey, payloadFingerprint } from './idempotency.js'
+import { keyFingerprint, payloadFingerprint } from './idempotency.js'
+import { keyLabel, readKey } from './key.js'
 import { resolveEntity } from './route.js'
 import type { Trace } from './trace.js'
 
@@ -47,8 +48,9 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
     if (trace.fence === undefined && (policy.fence === 'required' || policy.fence === 'lease')) throw new FencegateError('fence_required', `route ${rc.name} requires X-Execution-Fence`)
   }
   if (rc.idempotency !== 'off') {
-    trace.key = parseIdempotencyKey(request.headers.get(idempotencyHeader))
-    if (trace.key === undefined && rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires Idempotency-Key`)
+    const read = readKey(route, sources)
+    if ('key' in read) trace.key = read.key
+    else if (rc.idempotency === 'required') throw new FencegateError('idempotency_key_required', `route ${rc.name} requires ${keyLabel(route, read.missing)}`)
   }
   if (rc.claimed_tenant) checkClaimedTenant(rc.claimed_tenant, sources, trace.identity!)
   if (trace.fence !== undefined) trace.entity = policy.entity ?? resolveEntity(route.entity!, sources)
@@ -58,7 +60,9 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   if (rc.upstream_key === 'tenant_scoped') trace.upstreamKey = `fg1-${await ctx.digest(new TextEncoder().encode(`${trace.identity!.tenant}\n${trace.key}`))}`
   return {
     key: trace.key,
-    fingerprint: await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),
+    fingerprint: rc.idempotency_payload === 'key'
+      ? await keyFingerprint(request.method, rc.name, trace.entity ?? entityOf(route, sources), ctx.digest)
+      : await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),
     ownerToken: crypto.randomUUID(),
     lockMs: rc.idempotency_lock,
     ttlMs: rc.idempotency_ttl,

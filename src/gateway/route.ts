@@ -1,7 +1,7 @@
 import type { HeaderView } from '../http/exchange.js'
 import { FencegateError } from '../http/problems.js'
 import type { RouteConfig } from '../config/schema.js'
-import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
+import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, isStorableText, keyHeaderOf, maxEntityLength, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
 
 export { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix, type EntityTemplate, type PathPattern } from '../config/templates.js'
 
@@ -10,6 +10,10 @@ export interface Route {
   config: RouteConfig
   pattern: PathPattern
   entity: EntityTemplate | undefined
+  /** Where a request names its operation (`idempotency_key`, by default `{header.Idempotency-Key}`). */
+  key: EntityTemplate
+  /** The header the key is, when it is exactly one header (its value is then read with the key header's grammar). */
+  keyHeader: string | undefined
   /** Headers the fence decision reads (entity sources, claimed tenant): always forwarded as read. */
   decisionHeaders: string[]
 }
@@ -17,15 +21,18 @@ export interface Route {
 export function compileRoute(config: RouteConfig): Route {
   const pattern = compilePathPattern(config.path)
   const entity = config.entity === undefined ? undefined : compileEntityTemplate(config.entity)
-  const missing = entity?.params.find((p) => !pattern.params.includes(p))
-  if (missing) throw new Error(`route ${config.name}: entity uses params.${missing}, which ${config.path} does not define`)
+  const key = compileKeyTemplate(config.idempotency_key)
+  for (const [field, template] of [['entity', entity], ['idempotency_key', key]] as const) {
+    const missing = template?.params.find((p) => !pattern.params.includes(p))
+    if (missing) throw new Error(`route ${config.name}: ${field} uses params.${missing}, which ${config.path} does not define`)
+  }
   const decisionHeaders = (entity?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
   if (config.claimed_tenant?.startsWith('header.')) decisionHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
   // A body read as a form or as JSON by its Content-Type goes on with that Content-Type:
   // `Connection: content-type` must not make the upstream read it as something else.
-  const readsBody = (entity?.parts ?? []).some((p) => 'source' in p && p.source === 'body') || config.claimed_tenant?.startsWith('body.') === true
+  const readsBody = entity?.usesBody === true || (config.idempotency !== 'off' && key.usesBody) || config.claimed_tenant?.startsWith('body.') === true
   if (readsBody) decisionHeaders.push('content-type')
-  return { config, pattern, entity, decisionHeaders }
+  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders }
 }
 
 export interface RouteMatch { route: Route; params: Record<string, string> }
@@ -102,23 +109,36 @@ export interface EntitySources {
  * @example resolveEntity(compileEntityTemplate('invoice:{params.id}'), sources) // 'invoice:42'
  */
 export function resolveEntity(template: EntityTemplate, sources: EntitySources): string {
-  let entity = ''
-  for (const part of template.parts) {
-    if ('literal' in part) {
-      entity += part.literal
-      continue
-    }
-    const value = readSource(part, sources)
-    if (value === undefined || value === '') {
-      const where = part.source === 'body' ? `body.${part.path.join('.')}` : `${part.source}.${part.name}`
-      throw new FencegateError('entity_unresolved', `${where} is missing from the request`, { source: where })
-    }
-    entity += value
-  }
+  const filled = fillTemplate(template, sources)
+  if ('missing' in filled) throw new FencegateError('entity_unresolved', `${filled.missing} is missing from the request`, { source: filled.missing })
+  const entity = filled.value
   if (entity.length > maxEntityLength) throw new FencegateError('entity_unresolved', `the entity is longer than ${maxEntityLength} characters`)
   if (!isStorableText(entity)) throw new FencegateError('entity_unresolved', 'the entity contains control characters or invalid Unicode')
   return entity
 }
+
+/**
+ * A template filled from a request, or the first source it names that the request lacks
+ * (absent or empty). A header part is read as `readHeader` reads it: entities take the value
+ * as sent, keys their header grammar.
+ *
+ * @example fillTemplate(compileEntityTemplate('invoice:{params.id}'), sources) // { value: 'invoice:42' }
+ */
+export function fillTemplate(template: EntityTemplate, sources: EntitySources, readHeader: (value: string | null, name: string) => string | undefined = asSent): { value: string } | { missing: string } {
+  let value = ''
+  for (const part of template.parts) {
+    if ('literal' in part) {
+      value += part.literal
+      continue
+    }
+    const read = part.source === 'header' ? readHeader(sources.headers.get(part.name), part.name) : readSource(part, sources)
+    if (read === undefined || read === '') return { missing: part.source === 'body' ? `body.${part.path.join('.')}` : `${part.source}.${part.name}` }
+    value += read
+  }
+  return { value }
+}
+
+const asSent = (value: string | null) => value ?? undefined
 
 function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntitySources): string | undefined {
   switch (part.source) {

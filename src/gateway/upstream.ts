@@ -37,7 +37,8 @@ function outgoingHeaders(o: Outgoing, trace: Trace): HeaderList {
     const value = request.headers.get(name)
     if (value !== null) headers.set(name, value)
   }
-  if (trace.upstreamKey) headers.set('idempotency-key', trace.upstreamKey)
+  // tenant_scoped: the header the key was read from (config allows it only for a one-header key).
+  if (trace.upstreamKey && route.keyHeader) headers.set(route.keyHeader, trace.upstreamKey)
   // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
   headers.delete(attestationHeader)
   return headers

@@ -18,7 +18,7 @@ export const problemCatalog = {
   stale_fence: { status: 409, title: 'A higher fence has already been accepted for this entity' },
   body_too_large: { status: 413, title: 'The request body exceeds the configured limit' },
   invalid_idempotency_key: { status: 400, title: 'Idempotency-Key is not a valid key' },
-  idempotency_key_required: { status: 400, title: 'This route requires Idempotency-Key' },
+  idempotency_key_required: { status: 400, title: 'This route requires an idempotency key' },
   request_in_progress: { status: 409, title: 'A request with this Idempotency-Key is still in progress' },
   idempotency_key_reused: { status: 422, title: 'This Idempotency-Key was used for a different request' },
   response_not_replayable: { status: 409, title: 'The response for this Idempotency-Key was too large to store' },
