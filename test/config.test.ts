@@ -79,7 +79,7 @@ describe('parseConfig defaults', () => {
     expect(r).toMatchObject({
       idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, on_unknown_outcome: 'fail',
       transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {}, attest: false,
-      upstream_dedupes_keys: false, upstream_key: 'as_sent', replay_headers: [],
+      upstream_dedupes_keys: false, upstream_key: 'as_sent', replay_headers: [], error_envelope: 'stripe',
     })
     expect(r.retry_hint_header).toBeUndefined()
     expect(r.idempotency_wait).toBeUndefined()
@@ -99,6 +99,11 @@ describe('parseConfig defaults', () => {
     }
     expect(parseConfig({ routes: [route({ replay_headers: ['Request-Id', 'Stripe-Version'] })] }).routes[0]!.replay_headers).toEqual(['request-id', 'stripe-version'])
     expect(problemsOf(() => parseConfig({ routes: [route({ retry_hint_header: 'Stripe Should Retry' })] }))).toEqual([expect.stringMatching(/retry_hint_header: expected a header name/)])
+  })
+
+  it('takes an error_envelope of stripe, square, adyen or resend, and names the field for another', () => {
+    for (const envelope of ['stripe', 'square', 'adyen', 'resend']) expect(parseConfig({ routes: [route({ error_envelope: envelope })] }).routes[0]!.error_envelope).toBe(envelope)
+    expect(problemsOf(() => parseConfig({ routes: [route({ error_envelope: 'paypal' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.error_envelope: /)])
   })
 
   it('fills in defaults inside a partially given section', () => {

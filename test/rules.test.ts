@@ -109,6 +109,21 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     expect(ruleDeletedSchema.parse((await admin(gw.adminUrl, '/rules/refunds', { method: 'DELETE' })).json)).toBeTruthy()
   })
 
+  it('a rule changes the error envelope of every refusal on its route', async () => {
+    expect((await post(`${gw.url}/payments/5/capture`, '9')).status).toBe(200)
+    const stale = async () => (await post(`${gw.url}/payments/5/capture`, '8')).json as Record<string, unknown>
+    expect(await stale()).toMatchObject({ code: 'stale_fence', error: { code: 'stale_fence' } })
+    const put = await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(upstream.url, { error_envelope: 'square' }) })
+    expect(put.status).toBe(200)
+    const square = await stale()
+    expect(square).toMatchObject({ code: 'stale_fence', errors: [{ category: 'INVALID_REQUEST_ERROR', code: 'STALE_FENCE' }] })
+    expect(square.error).toBeUndefined()
+    expect((await admin(gw.adminUrl, '/rules/capture')).json.rule.error_envelope).toBe('square')
+    // Through Node's own listener too, a client that asks for JSON (node-zendesk does) gets it as JSON.
+    const asJson = await post(`${gw.url}/payments/5/capture`, '8', { headers: { accept: 'application/json' } })
+    expect([asJson.status, asJson.headers.get('content-type'), asJson.json.code]).toEqual([409, 'application/json', 'stale_fence'])
+  })
+
   it('answers an unchanged rule without a new version', async () => {
     const rule = (await admin(gw.adminUrl, '/rules/tickets')).json.rule
     const again = await admin(gw.adminUrl, '/rules/tickets', { method: 'PUT', body: rule })

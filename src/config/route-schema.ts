@@ -1,6 +1,6 @@
 import { z } from 'zod'
 import { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix } from './templates.js'
-import { duration, headerName, integer, ruleName, size, upstream } from './fields.js'
+import { duration, errorEnvelopes, headerName, integer, ruleName, size, upstream } from './fields.js'
 
 // Framing, cookies and what only the gateway sets on a replay never come from the store.
 const unreplayable = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection', 'te', 'trailer',
@@ -44,6 +44,8 @@ export const routeSchema = z.object({
   upstream_key: z.enum(['as_sent', 'tenant_scoped']).default('as_sent'),
   /** A vendor header that states whether a refusal is worth retrying (`true`/`false`), e.g. Stripe-Should-Retry. */
   retry_hint_header: z.string().regex(headerName, 'expected a header name').optional(),
+  /** The members every refusal of this route carries besides problem+json's, for the SDK its clients use. */
+  error_envelope: z.enum(errorEnvelopes).default('stripe'),
   /** Upstream response headers stored and replayed beside the built-in allow-list, e.g. Request-Id. */
   replay_headers: z.array(z.string().regex(headerName, 'expected a header name').transform((h) => h.toLowerCase())
     .refine((h) => !unreplayable.has(h), 'this header is never replayed (hop-by-hop, Set-Cookie or fencegate\'s own)')).default([]),
