@@ -106,6 +106,22 @@ describe('parseConfig defaults', () => {
     expect(problemsOf(() => parseConfig({ routes: [route({ error_envelope: 'paypal' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.error_envelope: /)])
   })
 
+  it('checks upstream_tls against its route: https only, a certificate with its key, reject_unauthorized: false only on loopback', () => {
+    const tlsRoute = (upstream: string, upstream_tls: Record<string, unknown>) => route({ upstream, upstream_tls })
+    const problems = (r: Record<string, unknown>) => problemsOf(() => parseConfig({ routes: [r] }))
+    expect(parseConfig({ routes: [tlsRoute('https://psp.example.com', { ca_file: 'ca.pem', cert_file: 'c.pem', key_file: 'k.pem', servername: 'api.psp.example.com' })] }).routes[0]!.upstream_tls)
+      .toEqual({ ca_file: 'ca.pem', cert_file: 'c.pem', key_file: 'k.pem', servername: 'api.psp.example.com', reject_unauthorized: true })
+    expect(problems(tlsRoute('http://psp.example.com', { ca_file: 'ca.pem' }))).toEqual(['routes[0].upstream_tls: needs an https upstream'])
+    expect(problems(tlsRoute('https://psp.example.com', { cert_file: 'c.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.key_file: required with cert_file/)])
+    expect(problems(tlsRoute('https://psp.example.com', { key_file: 'k.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.cert_file: required with key_file/)])
+    expect(problems(tlsRoute('https://psp.example.com', { reject_unauthorized: false }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.reject_unauthorized: false is allowed only for an upstream on loopback/)])
+    for (const host of ['127.0.0.1:8443', 'localhost:8443', '[::1]:8443', '127.9.9.9']) {
+      expect(parseConfig({ routes: [tlsRoute(`https://${host}`, { reject_unauthorized: false })] }).routes[0]!.upstream_tls!.reject_unauthorized).toBe(false)
+    }
+    expect(problems(tlsRoute('https://psp.example.com', { servername: 'not a name' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.servername: expected a DNS name/)])
+    expect(problems(tlsRoute('https://psp.example.com', { cafile: 'ca.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls: .*cafile/)])
+  })
+
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
     expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, workers: 1, allowed_hosts: [] })

@@ -16,6 +16,7 @@ import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { makeTestPki, type TestPki } from './helpers/tls.js'
 
 type Apps = { guarded: ReturnType<typeof createApp>; guardedAdmin: ReturnType<typeof createAdminApp>; refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
@@ -75,6 +76,8 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   },
   upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
   upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
+  // An https upstream whose certificate no CA the gateway trusts signed (test/upstream-tls.test.ts has the rest).
+  upstream_tls_failed: ({ data }) => data.request('/untrusted/1', fenced('1')),
   store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
   // The refusals themselves are made by real replicated clusters in test/failover.test.ts.
   store_not_replicated: ({ refusing }) => refusing('store_not_replicated').request('/payments/1/capture', fenced('1')),
@@ -115,7 +118,7 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I, worker_mismatch: I,
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
-  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
+  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A, upstream_tls_failed: A,
   store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
   rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, internal_error: A,
@@ -126,7 +129,7 @@ const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailabl
 /** Codes answered on a matched route, so they carry the route's `retry_hint_header` (job and admin APIs have none). */
 const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
   'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
-  'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'store_unavailable',
+  'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'upstream_tls_failed', 'store_unavailable',
   'store_not_replicated', 'store_identity_changed', 'store_lost_commits', 'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
 const hint = 'Stripe-Should-Retry'
 
@@ -173,6 +176,8 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
   let t: TestDb
   let broken: TestDb
   let upstream: TestUpstream
+  let untrusted: TestUpstream
+  let pki: TestPki
   let apps: Apps
   let registry: RuleRegistry
   const undici = createUndiciForward()
@@ -188,7 +193,10 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
       if (req.path.startsWith('/tiny')) return void res.end('more than one byte')
       res.end('ok')
     })
+    pki = makeTestPki()
+    untrusted = await startUpstream(undefined, { tls: { cert: pki.read(pki.server.certFile), key: pki.read(pki.server.keyFile) } })
     const config = testConfig([
+      route(untrusted.url, { name: 'untrusted', path: '/untrusted/:id', entity: 'u:{params.id}' }),
       route(upstream.url),
       route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket}' }),
       route(`http://127.0.0.1:${await closedPort()}`, { name: 'refused', path: '/refused/:id', entity: 'r:{params.id}' }),
@@ -227,6 +235,8 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
     await registry?.close()
     await undici.close()
     await upstream?.close()
+    await untrusted?.close()
+    pki?.remove()
     await t?.close()
   })
 

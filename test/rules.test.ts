@@ -133,6 +133,7 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
   it.each([
     ['a field the schema refuses', { fence: 'sometimes' }, 'fence'],
     ['upstream credentials', { upstream_headers: { Authorization: 'Bearer x' } }, 'upstream_headers'],
+    ['upstream TLS files', { upstream: 'https://psp.example.com', upstream_tls: { ca_file: '/etc/ssl/psp.pem' } }, 'upstream_tls'],
     ['a second route for the same requests', { path: '/payments/:other/capture', entity: 'invoice:{params.other}' }, 'another route already matches'],
     ['an entity template naming a missing param', { entity: 'invoice:{params.nope}' }, 'params.nope'],
   ])('refuses %s with 422 invalid_rule and changes nothing', async (_what, override, mentions) => {

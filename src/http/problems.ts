@@ -27,6 +27,7 @@ export const problemCatalog = {
   key_not_releasable: { status: 409, title: 'Only an unknown outcome can be released' },
   upstream_unreachable: { status: 502, title: 'The upstream could not be reached' },
   upstream_timeout: { status: 504, title: 'The upstream did not answer in time' },
+  upstream_tls_failed: { status: 502, title: 'The TLS handshake with the upstream failed; nothing was sent' },
   store_unavailable: { status: 503, title: 'The store is unavailable; nothing was forwarded' },
   store_not_replicated: { status: 503, title: 'No synchronous standby confirms the store\'s commits; nothing was forwarded' },
   store_identity_changed: { status: 503, title: 'The store is another cluster than the one this gateway started on; nothing was forwarded' },
