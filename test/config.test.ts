@@ -79,7 +79,7 @@ describe('parseConfig defaults', () => {
     expect(r).toMatchObject({
       idempotency: 'off', idempotency_ttl: 86_400_000, idempotency_lock: 30_000, on_unknown_outcome: 'fail',
       transient_statuses: [429, 503], max_stored_body: 1024 * 1024, scopes: [], forward_authorization: false, upstream_headers: {}, attest: false,
-      upstream_dedupes_keys: false, upstream_key: 'as_sent', replay_headers: [],
+      upstream_dedupes_keys: false, upstream_key: 'as_sent', replay_headers: [], error_envelope: 'stripe',
     })
     expect(r.retry_hint_header).toBeUndefined()
     expect(r.idempotency_wait).toBeUndefined()
@@ -99,6 +99,27 @@ describe('parseConfig defaults', () => {
     }
     expect(parseConfig({ routes: [route({ replay_headers: ['Request-Id', 'Stripe-Version'] })] }).routes[0]!.replay_headers).toEqual(['request-id', 'stripe-version'])
     expect(problemsOf(() => parseConfig({ routes: [route({ retry_hint_header: 'Stripe Should Retry' })] }))).toEqual([expect.stringMatching(/retry_hint_header: expected a header name/)])
+  })
+
+  it('takes an error_envelope of stripe, square, adyen or resend, and names the field for another', () => {
+    for (const envelope of ['stripe', 'square', 'adyen', 'resend']) expect(parseConfig({ routes: [route({ error_envelope: envelope })] }).routes[0]!.error_envelope).toBe(envelope)
+    expect(problemsOf(() => parseConfig({ routes: [route({ error_envelope: 'paypal' })] }))).toEqual([expect.stringMatching(/^routes\[0\]\.error_envelope: /)])
+  })
+
+  it('checks upstream_tls against its route: https only, a certificate with its key, reject_unauthorized: false only on loopback', () => {
+    const tlsRoute = (upstream: string, upstream_tls: Record<string, unknown>) => route({ upstream, upstream_tls })
+    const problems = (r: Record<string, unknown>) => problemsOf(() => parseConfig({ routes: [r] }))
+    expect(parseConfig({ routes: [tlsRoute('https://psp.example.com', { ca_file: 'ca.pem', cert_file: 'c.pem', key_file: 'k.pem', servername: 'api.psp.example.com' })] }).routes[0]!.upstream_tls)
+      .toEqual({ ca_file: 'ca.pem', cert_file: 'c.pem', key_file: 'k.pem', servername: 'api.psp.example.com', reject_unauthorized: true })
+    expect(problems(tlsRoute('http://psp.example.com', { ca_file: 'ca.pem' }))).toEqual(['routes[0].upstream_tls: needs an https upstream'])
+    expect(problems(tlsRoute('https://psp.example.com', { cert_file: 'c.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.key_file: required with cert_file/)])
+    expect(problems(tlsRoute('https://psp.example.com', { key_file: 'k.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.cert_file: required with key_file/)])
+    expect(problems(tlsRoute('https://psp.example.com', { reject_unauthorized: false }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.reject_unauthorized: false is allowed only for an upstream on loopback/)])
+    for (const host of ['127.0.0.1:8443', 'localhost:8443', '[::1]:8443', '127.9.9.9']) {
+      expect(parseConfig({ routes: [tlsRoute(`https://${host}`, { reject_unauthorized: false })] }).routes[0]!.upstream_tls!.reject_unauthorized).toBe(false)
+    }
+    expect(problems(tlsRoute('https://psp.example.com', { servername: 'not a name' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls\.servername: expected a DNS name/)])
+    expect(problems(tlsRoute('https://psp.example.com', { cafile: 'ca.pem' }))).toEqual([expect.stringMatching(/^routes\[0\]\.upstream_tls: .*cafile/)])
   })
 
   it('fills in defaults inside a partially given section', () => {

@@ -3,6 +3,7 @@ import { createAdminApp } from '../src/admin/app.js'
 import { createApp } from '../src/gateway/app.js'
 import { createUndiciForward } from '../src/runtime/node/forward.js'
 import { FencegateError, problemCatalog, problemResponse, type ClientErrorType, type ProblemCode } from '../src/http/problems.js'
+import { problemMediaType, type ErrorEnvelope } from '../src/http/envelopes.js'
 import { fingerprint } from '../src/gateway/idempotency.js'
 import { browserGuard } from '../src/http/browser-guard.js'
 import { createJobStore } from '../src/leases/store.js'
@@ -15,6 +16,7 @@ import { backends, type TestDb } from './helpers/backends.js'
 import { route, testConfig } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { makeTestPki, type TestPki } from './helpers/tls.js'
 
 type Apps = { guarded: ReturnType<typeof createApp>; guardedAdmin: ReturnType<typeof createAdminApp>; refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
@@ -74,6 +76,8 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   },
   upstream_unreachable: ({ data }) => data.request('/refused/1', fenced('1')),
   upstream_timeout: ({ data }) => data.request('/slow/1', fenced('1')),
+  // An https upstream whose certificate no CA the gateway trusts signed (test/upstream-tls.test.ts has the rest).
+  upstream_tls_failed: ({ data }) => data.request('/untrusted/1', fenced('1')),
   store_unavailable: ({ brokenData }) => brokenData.request('/payments/1/capture', fenced('1')),
   // The refusals themselves are made by real replicated clusters in test/failover.test.ts.
   store_not_replicated: ({ refusing }) => refusing('store_not_replicated').request('/payments/1/capture', fenced('1')),
@@ -123,7 +127,7 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   no_route: I, invalid_request: I, unauthenticated: I, tenant_missing: I, tenant_mismatch: I, insufficient_scope: I, worker_mismatch: I,
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
-  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A,
+  response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A, upstream_tls_failed: A,
   store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, job_not_running: I, job_not_retryable: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
   rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, internal_error: A,
@@ -134,17 +138,59 @@ const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailabl
 /** Codes answered on a matched route, so they carry the route's `retry_hint_header` (job and admin APIs have none). */
 const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
   'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
-  'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'store_unavailable',
+  'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'upstream_tls_failed', 'store_unavailable',
   'store_not_replicated', 'store_identity_changed', 'store_lost_commits', 'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
 const hint = 'Stripe-Should-Retry'
 
-describe('every problem code', () => {
+/** A Hono app whose `request` sends `Accept: accept` (when given), to see the answer's media type follow it. */
+function accepting<T extends { request: (input: string, init?: RequestInit) => Response | Promise<Response> }>(app: T, accept: string | undefined): T {
+  if (accept === undefined) return app
+  const wrapped = Object.create(app) as T
+  wrapped.request = (input: string, init: RequestInit = {}) => {
+    const headers = new Headers(init.headers)
+    headers.set('accept', accept)
+    return app.request(input, { ...init, headers })
+  }
+  return wrapped
+}
+
+/**
+ * The members each envelope adds, as each SDK reads them (src/http/envelopes.ts states where):
+ * written out here from the SDKs' sources rather than computed by the code under test.
+ */
+function expectedEnvelope(envelope: ErrorEnvelope, code: ProblemCode, body: { detail: string; request_id: string; status: number }): Record<string, unknown> {
+  const { status, detail } = body
+  const server = status >= 500
+  const auth = status === 401 || status === 403
+  switch (envelope) {
+    case 'stripe': return { error: { type: envelopeTypes[code], code, message: detail, request_id: body.request_id } }
+    case 'square': return { errors: [{ category: server ? 'API_ERROR' : auth ? 'AUTHENTICATION_ERROR' : 'INVALID_REQUEST_ERROR', code: code.toUpperCase(), detail }] }
+    case 'adyen': return { errorCode: code, message: detail, errorType: server ? 'internal' : auth ? 'security' : 'validation' }
+    case 'resend': return { name: code, message: detail, statusCode: status }
+  }
+}
+const envelopeKeys = ['error', 'errors', 'errorCode', 'errorType', 'message', 'name', 'statusCode']
+
+/** Every envelope once, and both media types: `set` false leaves the routes on the default. */
+const renderings: { envelope: ErrorEnvelope; accept: string | undefined; set: boolean }[] = [
+  { envelope: 'stripe', accept: undefined, set: false },
+  { envelope: 'stripe', accept: 'application/json', set: true },
+  { envelope: 'square', accept: 'application/json', set: true },
+  { envelope: 'adyen', accept: undefined, set: true },
+  // What axios-based SDKs send: application/json named, problem+json only through the wildcard.
+  { envelope: 'resend', accept: 'application/json, text/plain, */*', set: true },
+]
+
+describe.each(renderings)('every problem code, envelope $envelope, Accept $accept', ({ envelope, accept, set }) => {
   let t: TestDb
   let broken: TestDb
   let upstream: TestUpstream
+  let untrusted: TestUpstream
+  let pki: TestPki
   let apps: Apps
   let registry: RuleRegistry
   const undici = createUndiciForward()
+  const onRouteOf = (r: Record<string, unknown>) => ({ ...r, retry_hint_header: hint, ...(set ? { error_envelope: envelope } : {}) })
 
   beforeAll(async () => {
     const [pglite] = backends()
@@ -156,7 +202,10 @@ describe('every problem code', () => {
       if (req.path.startsWith('/tiny')) return void res.end('more than one byte')
       res.end('ok')
     })
+    pki = makeTestPki()
+    untrusted = await startUpstream(undefined, { tls: { cert: pki.read(pki.server.certFile), key: pki.read(pki.server.keyFile) } })
     const config = testConfig([
+      route(untrusted.url, { name: 'untrusted', path: '/untrusted/:id', entity: 'u:{params.id}' }),
       route(upstream.url),
       route(upstream.url, { name: 'tickets', path: '/tickets', entity: 'ticket:{body.ticket}' }),
       route(`http://127.0.0.1:${await closedPort()}`, { name: 'refused', path: '/refused/:id', entity: 'r:{params.id}' }),
@@ -166,7 +215,7 @@ describe('every problem code', () => {
       route(upstream.url, { name: 'render', path: '/render/:id', fence: 'lease', entity: 'job:{header.X-Job-Id}' }),
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
       route(upstream.url, { name: 'serial', path: '/serial/:id', entity: 'se:{params.id}', ordering: 'serialize', ordering_wait: 10 }),
-    ].map((r) => ({ ...r, retry_hint_header: hint })), {
+    ].map(onRouteOf), {
       server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }],
       entity_rules: [{ name: 'freeze', entity_match: 'invoice:frozen', frozen: true }],
     })
@@ -174,26 +223,29 @@ describe('every problem code', () => {
       route(upstream.url),
       route(upstream.url, { name: 'claimed', path: '/claimed/:invoice_id', claimed_tenant: 'header.X-Tenant-Id' }),
       route(upstream.url, { name: 'scoped', path: '/scoped/:invoice_id', scopes: ['payments:write'] }),
-    ].map((r) => ({ ...r, retry_hint_header: hint })), { auth: jwtAuth, job_types: [{ name: 'report', lease: '45s' }] })
+    ].map(onRouteOf), { auth: jwtAuth, job_types: [{ name: 'report', lease: '45s' }] })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
+    const a = <T extends Parameters<typeof accepting>[0]>(app: T) => accepting(app, accept)
     apps = {
-      guarded: createApp({ config, store: t.store, forward: undici.forward, browserGuard: browserGuard('127.0.0.1') }),
-      guardedAdmin: createAdminApp({ store: t.store, browserGuard: browserGuard('127.0.0.1') }),
-      refusing: (code) => createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward }),
+      guarded: a(createApp({ config, store: t.store, forward: undici.forward, browserGuard: browserGuard('127.0.0.1') })),
+      guardedAdmin: a(createAdminApp({ store: t.store, browserGuard: browserGuard('127.0.0.1') })),
+      refusing: (code) => a(createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward })),
       db: t.db,
       store: t.store,
-      authData: createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db) }),
-      data: createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) }),
-      admin: createAdminApp({ store: t.store, rules: { registry, db: t.db }, db: t.db }),
-      brokenData: createApp({ config, store: broken.store, forward: undici.forward }),
+      authData: a(createApp({ config: authConfig, store: t.store, forward: undici.forward, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db) })),
+      data: a(createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db) })),
+      admin: a(createAdminApp({ store: t.store, rules: { registry, db: t.db }, db: t.db })),
+      brokenData: a(createApp({ config, store: broken.store, forward: undici.forward })),
       // A Forward with a bug of its own: the client must get a bare internal_error.
-      faultyData: createApp({ config, store: t.store, forward: async () => { throw new TypeError('secret internal detail') } }),
+      faultyData: a(createApp({ config, store: t.store, forward: async () => { throw new TypeError('secret internal detail') } })),
     }
   })
   afterAll(async () => {
     await registry?.close()
     await undici.close()
     await upstream?.close()
+    await untrusted?.close()
+    pki?.remove()
     await t?.close()
   })
 
@@ -205,14 +257,15 @@ describe('every problem code', () => {
     const res = await triggers[code](apps)
     const body = await res.json()
     expect(res.status).toBe(problemCatalog[code].status)
-    expect(res.headers.get('content-type')).toBe('application/problem+json')
+    expect(res.headers.get('content-type')).toBe(accept === undefined ? 'application/problem+json' : 'application/json')
     expect(body).toMatchObject({ type: `urn:fencegate:problem:${code}`, code, status: problemCatalog[code].status, title: problemCatalog[code].title })
     expect(typeof body.detail).toBe('string')
     expect(body.request_id).toMatch(/.+/)
     expect(res.headers.get('x-request-id')).toBe(body.request_id)
     expect(JSON.stringify(body)).not.toContain('secret internal detail')
-    // The envelope SDKs raise from: Stripe's throws when `error` is present, and picks its class from it.
-    expect(body.error).toEqual({ type: envelopeTypes[code], code, message: body.detail, request_id: body.request_id })
+    // The envelope SDKs raise from, the route's on every refusal of a route (Stripe's elsewhere), and no other's members.
+    const expected = expectedEnvelope(onRoute.has(code) ? envelope : 'stripe', code, body)
+    expect(Object.fromEntries(envelopeKeys.filter((k) => k in body).map((k) => [k, body[k]]))).toEqual(expected)
     // Retry guidance: Retry-After exactly on transient refusals, and the route's hint agrees with it.
     expect(res.headers.has('retry-after'), 'Retry-After').toBe(transient.has(code))
     if (transient.has(code)) expect(Number(res.headers.get('retry-after'))).toBeGreaterThanOrEqual(1)
@@ -229,5 +282,24 @@ describe('every problem code', () => {
     expect(await res.text()).not.toContain('hunter2')
     expect(res.status).toBe(500)
     expect(new FencegateError('stale_fence').detail).toBe(problemCatalog.stale_fence.title)
+  })
+})
+
+describe('the media type of a problem', () => {
+  it.each([
+    [null, 'application/problem+json'],
+    ['*/*', 'application/problem+json'],
+    ['application/*', 'application/problem+json'],
+    ['application/json', 'application/json'],
+    ['Application/JSON; charset=utf-8', 'application/json'],
+    ['application/json, text/plain, */*', 'application/json'],
+    ['application/problem+json', 'application/problem+json'],
+    ['application/json, application/problem+json', 'application/problem+json'],
+    ['application/json;q=0.5, application/problem+json;q=0.4', 'application/json'],
+    ['application/json;q=0.4, application/problem+json;q=0.5', 'application/problem+json'],
+    ['application/json;q=0', 'application/problem+json'],
+    ['application/json;q=abc', 'application/problem+json'],
+  ] as const)('Accept %s gets %s', (accept, type) => {
+    expect(problemMediaType(accept)).toBe(type)
   })
 })

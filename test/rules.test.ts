@@ -139,6 +139,21 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     expect(upstream.received.filter((r) => r.path === '/reports')).toHaveLength(2)
   })
 
+  it('a rule changes the error envelope of every refusal on its route', async () => {
+    expect((await post(`${gw.url}/payments/5/capture`, '9')).status).toBe(200)
+    const stale = async () => (await post(`${gw.url}/payments/5/capture`, '8')).json as Record<string, unknown>
+    expect(await stale()).toMatchObject({ code: 'stale_fence', error: { code: 'stale_fence' } })
+    const put = await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(upstream.url, { error_envelope: 'square' }) })
+    expect(put.status).toBe(200)
+    const square = await stale()
+    expect(square).toMatchObject({ code: 'stale_fence', errors: [{ category: 'INVALID_REQUEST_ERROR', code: 'STALE_FENCE' }] })
+    expect(square.error).toBeUndefined()
+    expect((await admin(gw.adminUrl, '/rules/capture')).json.rule.error_envelope).toBe('square')
+    // Through Node's own listener too, a client that asks for JSON (node-zendesk does) gets it as JSON.
+    const asJson = await post(`${gw.url}/payments/5/capture`, '8', { headers: { accept: 'application/json' } })
+    expect([asJson.status, asJson.headers.get('content-type'), asJson.json.code]).toEqual([409, 'application/json', 'stale_fence'])
+  })
+
   it('answers an unchanged rule without a new version', async () => {
     const rule = (await admin(gw.adminUrl, '/rules/tickets')).json.rule
     const again = await admin(gw.adminUrl, '/rules/tickets', { method: 'PUT', body: rule })
@@ -148,6 +163,7 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
   it.each([
     ['a field the schema refuses', { fence: 'sometimes' }, 'fence'],
     ['upstream credentials', { upstream_headers: { Authorization: 'Bearer x' } }, 'upstream_headers'],
+    ['upstream TLS files', { upstream: 'https://psp.example.com', upstream_tls: { ca_file: '/etc/ssl/psp.pem' } }, 'upstream_tls'],
     ['a second route for the same requests', { path: '/payments/:other/capture', entity: 'invoice:{params.other}' }, 'another route already matches'],
     ['an entity template naming a missing param', { entity: 'invoice:{params.nope}' }, 'params.nope'],
     ['a key template naming a missing param', { path: '/bad/:invoice_id', idempotency: 'required', idempotency_key: 'k:{params.nope}' }, 'idempotency_key: uses params.nope'],

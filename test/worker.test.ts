@@ -202,6 +202,9 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
     const publicKey = configText(upstream.url).replace(/hs256_secret: .*/, 'public_keys: [{ file: keys/signer.pem, alg: ES256 }]')
     await expect(createWorker({ ...env(), FENCEGATE_CONFIG: publicKey })).rejects.toThrow(/FENCEGATE_PUBLIC_KEY_0/)
     await expect(createWorker({ ...env(), FENCEGATE_JWT_SECRET: undefined })).rejects.toBeInstanceOf(ConfigError)
+    // A route's upstream_tls cannot be honoured by a Worker's fetch: refused, naming the field.
+    const tls = env({}, { upstream: 'https://psp.example.com', upstream_tls: { ca_file: 'ca.pem' } })
+    await expect(createWorker(tls)).rejects.toThrow(/routes\[0\]\.upstream_tls: not supported on Workers/)
   })
 
   it('the default export builds once per isolate and answers 500 while misconfigured', async () => {

@@ -67,7 +67,7 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   if (guard) {
     app.use(async (c, next) => {
       const refusal = browserRefusal(c.req.raw.headers, c.req.method, guard, true)
-      if (refusal) return problemResponse(refusal, requestIdOf(c.req.raw))
+      if (refusal) return problemResponse(refusal, requestIdOf(c.req.raw), { accept: c.req.header('accept') })
       await next()
       return undefined
     })
@@ -121,6 +121,6 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   app.notFound(() => {
     throw new FencegateError('not_found', 'no such admin endpoint')
   })
-  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId')))
+  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId'), { accept: c.req.header('accept') }))
   return app
 }

@@ -4,6 +4,7 @@ import { ConfigError, type Config } from '../config/schema.js'
 import { clusterWorker } from '../runtime/node/cluster-worker.js'
 import { databaseUrlFor, startGateway } from '../runtime/node/gateway.js'
 import { superviseWorkers } from '../runtime/node/supervisor.js'
+import { loadUpstreamTls } from '../runtime/node/upstream-tls.js'
 import { workerCount, workerPool } from '../runtime/node/workers.js'
 import { createPinoLogger } from '../runtime/node/log.js'
 import { installProcessPolicy } from '../runtime/node/process-policy.js'
@@ -75,6 +76,8 @@ function workersFlag(flags: Flags): number | 'auto' | undefined {
 async function supervise(config: Config, workers: number, databaseUrl: string | undefined): Promise<number> {
   if (!databaseUrl) throw new ConfigError(['server.workers: the embedded store admits one process; set store.url (or DATABASE_URL) to a PostgreSQL for more than one worker'])
   workerPool(config.store.max_connections, workers)
+  // Each worker reads them again; a missing file fails here first, before any worker starts.
+  loadUpstreamTls(config.routes)
   const log = createPinoLogger(config.log.level)
   installProcessPolicy(log)
   log.info('supervising', { workers })

@@ -46,3 +46,11 @@ export const upstream = z.string().transform((v, ctx) => {
 export const ruleName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'expected 1-64 letters, digits, _ . -')
 
 export const headerName = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/
+
+/**
+ * The error envelopes a route may answer its refusals in, beside the problem+json members:
+ * `stripe` (`error: {type, code, message}`), `square` (`errors: [{category, code, detail}]`),
+ * `adyen` (`errorCode`, `message`, `errorType` beside `status`), `resend` (`name`, `message`,
+ * `statusCode`). Each is what that API's official SDK reads its error from (src/http/envelopes.ts).
+ */
+export const errorEnvelopes = ['stripe', 'square', 'adyen', 'resend'] as const

@@ -1,6 +1,7 @@
 import { z } from 'zod'
 import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, defaultKeyTemplate, isStorableText, maxEntityLength, keyHeaderOf, reservedPrefix } from './templates.js'
-import { duration, headerName, integer, ruleName, size, upstream } from './fields.js'
+import { checkUpstreamTls, upstreamTlsSchema } from './upstream-tls.js'
+import { duration, errorEnvelopes, headerName, integer, ruleName, size, upstream } from './fields.js'
 
 // Framing, cookies and what only the gateway sets on a replay never come from the store.
 const unreplayable = new Set(['connection', 'keep-alive', 'proxy-authenticate', 'proxy-authorization', 'proxy-connection', 'te', 'trailer',
@@ -58,6 +59,8 @@ export const routeSchema = z.object({
   upstream_key: z.enum(['as_sent', 'tenant_scoped']).default('as_sent'),
   /** A vendor header that states whether a refusal is worth retrying (`true`/`false`), e.g. Stripe-Should-Retry. */
   retry_hint_header: z.string().regex(headerName, 'expected a header name').optional(),
+  /** The members every refusal of this route carries besides problem+json's, for the SDK its clients use. */
+  error_envelope: z.enum(errorEnvelopes).default('stripe'),
   /** Upstream response headers stored and replayed beside the built-in allow-list, e.g. Request-Id. */
   replay_headers: z.array(z.string().regex(headerName, 'expected a header name').transform((h) => h.toLowerCase())
     .refine((h) => !unreplayable.has(h), 'this header is never replayed (hop-by-hop, Set-Cookie or fencegate\'s own)')).default([]),
@@ -69,10 +72,13 @@ export const routeSchema = z.object({
   ordering: z.enum(['none', 'serialize']).default('none'),
   ordering_wait: duration.pipe(z.number().max(60_000, 'must be at most 60s')).default(5000),
   upstream_headers: z.record(z.string().regex(headerName, 'expected a header name'), z.string().regex(/^[\t\x20-\x7E\x80-\xFF]*$/, 'expected a header value without control characters')).default({}),
+  /** CA, client certificate and name for an https upstream; read at start, never stored as a rule. */
+  upstream_tls: upstreamTlsSchema.optional(),
   /** Sign a Fence-Attestation for the upstream (src/attest.ts); needs the gateway's `attestation` section. */
   attest: z.boolean().default(false),
 }).strict().superRefine((r, ctx) => {
   // An attestation says a fence check passed; on a route that checks none it would say nothing.
+  if (typeof r.upstream?.origin === 'string') checkUpstreamTls(r.upstream_tls, r.upstream.origin, ctx)
   if (r.attest && r.fence === 'off') ctx.addIssue({ code: 'custom', path: ['attest'], message: 'attest needs a fence check: set fence to required, optional or lease' })
   if (r.idempotency !== 'off' && r.idempotency_lock <= r.timeout_ms) {
     ctx.addIssue({ code: 'custom', path: ['idempotency_lock'], message: `must exceed timeout_ms (${r.timeout_ms} ms): a lock that ends before the upstream answers would hand the key to a duplicate` })

@@ -89,7 +89,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
     try {
       answer = await jobsApi(request, requestId)
     } catch (err) {
-      return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId)
+      return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId, { accept: request.headers.get('accept') })
     }
     return answer ?? command(request, requestId)
   }
@@ -98,7 +98,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
     const refusal = browserRefusal(request.headers, request.method, guard, request.url.pathname.startsWith(jobsPath))
     if (!refusal) return routed(request, requestId)
     log.info('browser_refused', { request_id: requestId, code: refusal.code })
-    return problemAnswer(refusal, requestId)
+    return problemAnswer(refusal, requestId, { accept: request.headers.get('accept') })
   }
   const app = new Hono<AppEnv>()
   app.all('*', async (c) => {
@@ -108,7 +108,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
       return toResponse(await handle(webInbound(c.req.raw), requestId))
     } catch (err) {
       // The pipeline throws its failures as the problem to answer (as on Node, data-plane.ts).
-      return toResponse(problemAnswer(err, requestId))
+      return toResponse(problemAnswer(err, requestId, { accept: c.req.header('accept') }))
     }
   })
   // Both handlers answer every failure themselves; this is the last resort.

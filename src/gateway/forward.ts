@@ -29,11 +29,12 @@ export type Forward = (request: ForwardRequest) => Promise<Answer>
 
 /**
  * Why forwarding failed. `sent` tells whether the upstream may have received
- * the request: a refused connection was not sent, a timeout or reset may have been.
+ * the request: a refused connection or a failed TLS handshake was not sent, a timeout or
+ * reset may have been.
  */
 export class ForwardError extends Error {
   override name = 'ForwardError'
-  constructor(readonly kind: 'unreachable' | 'timeout' | 'reset', readonly sent: boolean) {
+  constructor(readonly kind: 'unreachable' | 'tls' | 'timeout' | 'reset', readonly sent: boolean) {
     super(`upstream ${kind}`)
   }
 }

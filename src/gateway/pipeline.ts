@@ -1,7 +1,7 @@
 import type { Answer } from '../http/exchange.js'
 import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
-import { durabilityProblem, FencegateError, storeUnavailable } from '../http/problems.js'
+import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
 import { DurabilityRefusal } from '../store/durability.js'
@@ -39,7 +39,9 @@ interface HeldBody {
  * route → identity → body → fence and key → reserve → (delivery slot) → forward → record → respond.
  * Each step is a function of its own module over the request and the trace; this one only
  * orders them. It reads a plain `Inbound` and gives a plain `Answer`, so each runtime moves
- * the bytes its own way. Every error it throws is a FencegateError, rendered as problem+json.
+ * the bytes its own way. A refusal is answered here, as a problem in the route's
+ * `error_envelope` and the media type the client's `Accept` asks for, so that every refusal of
+ * a route (a stale fence, a key conflict, a store that is down) speaks its clients' SDK.
  *
  * @example
  * const handle = createPipeline({ config, rules: staticRules(config), store, forward, authenticate, log, metrics })
@@ -81,7 +83,8 @@ export function createPipeline(deps: PipelineDeps) {
       // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
       return await respond(ctx, request, upstream, held, trace, started)
     } catch (err) {
-      throw rejected(ctx, err, request, trace, started)
+      const accept = request.headers.get('accept')
+      return problemAnswer(rejected(ctx, err, request, trace, started), requestId, { envelope: trace.route?.config.error_envelope, accept })
     }
   }
 }

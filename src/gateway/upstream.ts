@@ -71,6 +71,8 @@ export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: 
     if (o.bodyExceeded()) throw new FencegateError('body_too_large', `the request body exceeds ${ctx.bodyLimit} bytes`)
     if (!(err instanceof ForwardError)) throw err
     if (held) await logged(ctx.log, trace.requestId, err.sent ? 'mark_unknown' : 'release', () => (err.sent ? ctx.store.markUnknown(held) : ctx.store.release(held)))
+    // Not transient: the same certificates fail the same way until an operator changes them.
+    if (err.kind === 'tls') throw new FencegateError('upstream_tls_failed', 'the TLS handshake with the upstream failed (its certificate, its name, or the client certificate was refused); nothing was sent')
     const retry = forwardFailureRetry({ sent: err.sent, keyed: held !== undefined, upstreamDedupesKeys: route.config.upstream_dedupes_keys })
     if (err.kind === 'timeout') throw new FencegateError('upstream_timeout', `the upstream did not answer within ${route.config.timeout_ms} ms`, {}, retry)
     throw new FencegateError('upstream_unreachable', err.sent

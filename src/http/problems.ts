@@ -1,5 +1,6 @@
 import { toResponse, type Answer } from './exchange.js'
 import { HeaderList } from './header-list.js'
+import { envelopeMembers, problemMediaType, type ErrorEnvelope } from './envelopes.js'
 /**
  * Every error fencegate answers with, in one place: a stable `code`, its HTTP
  * status and a title. Clients branch on `code`; titles are for people.
@@ -26,6 +27,7 @@ export const problemCatalog = {
   key_not_releasable: { status: 409, title: 'Only an unknown outcome can be released' },
   upstream_unreachable: { status: 502, title: 'The upstream could not be reached' },
   upstream_timeout: { status: 504, title: 'The upstream did not answer in time' },
+  upstream_tls_failed: { status: 502, title: 'The TLS handshake with the upstream failed; nothing was sent' },
   store_unavailable: { status: 503, title: 'The store is unavailable; nothing was forwarded' },
   store_not_replicated: { status: 503, title: 'No synchronous standby confirms the store\'s commits; nothing was forwarded' },
   store_identity_changed: { status: 503, title: 'The store is another cluster than the one this gateway started on; nothing was forwarded' },
@@ -146,7 +148,10 @@ export interface ClientErrorEnvelope {
   request_id?: string
 }
 
-/** The JSON body of a problem response (RFC 9457), with the `error` envelope beside its members. */
+/**
+ * The JSON body of a problem response (RFC 9457), with the route's error envelope beside its
+ * members: Stripe's `error` by default, or Square's, Adyen's or Resend's (src/http/envelopes.ts).
+ */
 export interface ProblemBody {
   type: string
   title: string
@@ -154,12 +159,23 @@ export interface ProblemBody {
   detail: string
   code: ProblemCode
   request_id?: string
-  error: ClientErrorEnvelope
+  error?: ClientErrorEnvelope
   [extra: string]: unknown
 }
 
-/** Builds the problem+json body for an error; unknown errors become a bare `internal_error`. */
-export function problemBody(err: FencegateError, requestId?: string): ProblemBody {
+/** How to render a problem for one request: the route's envelope and the client's `Accept`. */
+export interface ProblemRendering {
+  envelope?: ErrorEnvelope
+  accept?: string | null
+}
+
+/**
+ * Builds the problem+json body for an error, in `envelope` (default `stripe`).
+ *
+ * @example
+ * problemBody(new FencegateError('stale_fence'), 'rid', 'adyen').errorCode // 'stale_fence'
+ */
+export function problemBody(err: FencegateError, requestId?: string, envelope: ErrorEnvelope = 'stripe'): ProblemBody {
   const body: ProblemBody = {
     ...err.extras,
     type: `urn:fencegate:problem:${err.code}`,
@@ -167,22 +183,29 @@ export function problemBody(err: FencegateError, requestId?: string): ProblemBod
     status: err.status,
     detail: err.detail,
     code: err.code,
-    error: { type: clientErrorType(err.code), code: err.code, message: err.detail },
+    ...(requestId ? { request_id: requestId } : {}),
   }
-  if (requestId) body.request_id = body.error.request_id = requestId
-  return body
+  const input = { code: err.code, status: err.status, detail: err.detail, stripeType: clientErrorType(err.code), ...(requestId ? { requestId } : {}) }
+  return Object.assign(body, envelopeMembers(envelope, input))
 }
 
-/** Renders any thrown value as a problem+json Response without leaking internal messages. */
-export function problemResponse(err: unknown, requestId?: string): Response {
-  return toResponse(problemAnswer(err, requestId))
+/** Renders any thrown value as a problem Response without leaking internal messages. */
+export function problemResponse(err: unknown, requestId?: string, how: ProblemRendering = {}): Response {
+  return toResponse(problemAnswer(err, requestId, how))
 }
 
-/** The same problem+json as a plain answer, for a runtime that writes answers itself (Node's data plane). */
-export function problemAnswer(err: unknown, requestId?: string): Answer {
+/**
+ * The same problem as a plain answer, for a runtime that writes answers itself (Node's data
+ * plane): `application/problem+json`, or `application/json` for a client that asks for that
+ * and not for problem+json (`problemMediaType`); unknown errors become a bare `internal_error`.
+ *
+ * @example
+ * problemAnswer(err, requestId, { envelope: route.error_envelope, accept: request.headers.get('accept') })
+ */
+export function problemAnswer(err: unknown, requestId?: string, how: ProblemRendering = {}): Answer {
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
   const headers = new HeaderList(Object.entries(problem.headers))
-  headers.set('content-type', 'application/problem+json')
+  headers.set('content-type', problemMediaType(how.accept))
   if (requestId) headers.set('x-request-id', requestId)
-  return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId))) }
+  return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId, how.envelope))) }
 }

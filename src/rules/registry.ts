@@ -22,14 +22,19 @@ export interface RuleSource {
 }
 
 /**
- * Compiles validated rules. A route's `upstream_headers` come from the configuration file by
+ * Compiles validated rules. A route's `upstream_headers` and `upstream_tls` come from the configuration file by
  * route name, never from the stored rule, and only while the rule's upstream has the origin
  * (scheme, host, port) the file gave them with: a stored rule that points the route
  * elsewhere (through the rules API or straight into `fg_rule_versions`) carries none, so the
  * file's credential cannot be sent to a host the file did not name.
  */
 export function compileRuleSet(version: number, valid: ValidRules, raw: RawRule[], credentials: ReadonlyMap<string, UpstreamCredentials>): RuleSet {
-  const routes: RouteConfig[] = valid.routes.map((r) => ({ ...r, upstream_headers: credentialsFor(credentials.get(r.name), r.upstream) }))
+  const routes: RouteConfig[] = valid.routes.map(({ upstream_tls: _stored, ...r }) => {
+    // The file's TLS only, like its headers: a stored rule's own would name files the file did not.
+    const own = credentials.get(r.name)
+    const tls = own && r.upstream.origin === own.origin ? own.tls : undefined
+    return { ...r, upstream_headers: credentialsFor(own, r.upstream), ...(tls ? { upstream_tls: tls } : {}) }
+  })
   return { version, router: createRouter(routes), entityRules: compileEntityRules(valid.entityRules), raw }
 }
 
@@ -38,16 +43,17 @@ export function rulesOfConfig(config: Pick<Config, 'routes' | 'entity_rules'>): 
   return [...config.routes.map(routeToRule), ...config.entity_rules.map((r: EntityRuleConfig) => entityRuleToRule(r))]
 }
 
-/** A route's credentials from the file, with the upstream origin they belong to. */
+/** A route's credentials from the file (headers and TLS), with the upstream origin they belong to. */
 export interface UpstreamCredentials {
   origin: string
   headers: Record<string, string>
+  tls?: RouteConfig['upstream_tls']
 }
 
 /** The routes' upstream credentials by route name: they stay in the file, never in the database. */
 export function credentialsOf(config: Config): Map<string, UpstreamCredentials> {
-  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0)
-    .map((r) => [r.name, { origin: r.upstream.origin, headers: r.upstream_headers }]))
+  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0 || r.upstream_tls)
+    .map((r) => [r.name, { origin: r.upstream.origin, headers: r.upstream_headers, ...(r.upstream_tls ? { tls: r.upstream_tls } : {}) }]))
 }
 
 /** The headers when `upstream` has the credentials' origin; none otherwise. */

@@ -56,6 +56,9 @@ export function validateRuleSet(rules: RawRule[], authMode: 'none' | 'jwt', canA
     if (kindOf(r) === 'route' && Object.hasOwn(r, 'upstream_headers')) {
       problems.push(`${r.name}: upstream_headers: upstream credentials stay in each gateway's configuration file, which applies them by route name`)
     }
+    if (kindOf(r) === 'route' && Object.hasOwn(r, 'upstream_tls')) {
+      problems.push(`${r.name}: upstream_tls: certificates and CAs stay in each gateway's configuration file, which reads them at start and applies them by route name`)
+    }
   }
   const input = { routes: rules.filter((r) => kindOf(r) === 'route'), entity_rules: rules.filter((r) => kindOf(r) === 'entity') }
   const result = ruleSetSchema(authMode, canAttest).safeParse(input)
@@ -73,10 +76,10 @@ export function validateRuleSet(rules: RawRule[], authMode: 'none' | 'jwt', canA
 /**
  * The canonical raw form of a validated route, as the config file's seed is
  * stored: durations in milliseconds, the upstream as one URL, and without
- * `upstream_headers` (credentials never leave the configuration file).
+ * `upstream_headers` and `upstream_tls` (credentials never leave the configuration file).
  */
 export function routeToRule(r: RouteConfig): RawRule {
-  const { upstream, upstream_headers: _credentials, ...rest } = r
+  const { upstream, upstream_headers: _credentials, upstream_tls: _tls, ...rest } = r
   return { ...rest, upstream: upstream.origin + upstream.basePath }
 }
 
@@ -92,8 +95,9 @@ export function normalizeRule(rule: RawRule): RawRule {
   }
   const parsed = routeSchema.safeParse(rule)
   if (!parsed.success) return rule
-  // Kept when present so that validation still names it.
-  return Object.hasOwn(rule, 'upstream_headers') ? { ...routeToRule(parsed.data), upstream_headers: rule.upstream_headers } : routeToRule(parsed.data)
+  // Kept when present so that validation still names them.
+  const kept = Object.fromEntries(['upstream_headers', 'upstream_tls'].filter((k) => Object.hasOwn(rule, k)).map((k) => [k, rule[k]]))
+  return { ...routeToRule(parsed.data), ...kept }
 }
 
 /** The canonical raw form of a validated entity rule (defaults made explicit). */

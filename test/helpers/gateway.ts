@@ -9,6 +9,7 @@ import type { JobStore } from '../../src/leases/store.js'
 import { silentLogger, type Logger } from '../../src/observe/log.js'
 import { dataPlaneListener, honoListener, listen } from '../../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../../src/runtime/node/forward.js'
+import { loadUpstreamTls } from '../../src/runtime/node/upstream-tls.js'
 import type { Store } from '../../src/store/store.js'
 import type { RuleRegistry } from '../../src/rules/registry.js'
 import type { Db } from '../../src/store/db.js'
@@ -39,7 +40,7 @@ export interface TestGateway {
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
 export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
-  const undici = createUndiciForward()
+  const undici = createUndiciForward({ tls: loadUpstreamTls(options.config.routes) })
   const authenticate = options.authenticate ?? noAuthentication
   const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })

@@ -1,4 +1,5 @@
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
+import { createServer, type IncomingMessage, type RequestListener, type ServerResponse } from 'node:http'
+import { createServer as createHttpsServer, type ServerOptions as HttpsOptions } from 'node:https'
 import type { AddressInfo, Socket } from 'node:net'
 
 export interface ReceivedRequest {
@@ -27,13 +28,13 @@ const echo: UpstreamHandler = (req, res) => {
   res.end(JSON.stringify({ method: req.method, path: req.path, fence: req.headers['x-execution-fence'] ?? null }))
 }
 
-/** A real HTTP server on loopback that records what the gateway sent it. */
-export async function startUpstream(handler: UpstreamHandler = echo): Promise<TestUpstream> {
+/** A real HTTP server on loopback that records what the gateway sent it; with `tls`, an HTTPS one. */
+export async function startUpstream(handler: UpstreamHandler = echo, options: { tls?: HttpsOptions } = {}): Promise<TestUpstream> {
   const received: ReceivedRequest[] = []
   const waiters: { count: number; resolve: () => void }[] = []
   let current = handler
   const sockets = new Set<Socket>()
-  const server = createServer((req, res) => {
+  const listener: RequestListener = (req, res) => {
     const chunks: Buffer[] = []
     req.on('data', (c: Buffer) => chunks.push(c))
     req.on('end', () => {
@@ -42,7 +43,8 @@ export async function startUpstream(handler: UpstreamHandler = echo): Promise<Te
       for (const w of waiters.filter((w) => received.length >= w.count)) w.resolve()
       void current(r, res)
     })
-  })
+  }
+  const server = options.tls ? createHttpsServer(options.tls, listener) : createServer(listener)
   server.on('connection', (s) => {
     sockets.add(s)
     s.on('close', () => sockets.delete(s))
@@ -50,7 +52,7 @@ export async function startUpstream(handler: UpstreamHandler = echo): Promise<Te
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   const { port } = server.address() as AddressInfo
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `${options.tls ? 'https' : 'http'}://127.0.0.1:${port}`,
     port,
     received,
     handle(h) {

@@ -33,7 +33,7 @@ async function serveCommand(handle: HandleCommand, incoming: IncomingMessage, re
   try {
     answer = await handle(nodeInbound(incoming, headers, res), requestId)
   } catch (err) {
-    answer = problemAnswer(err, requestId)
+    answer = problemAnswer(err, requestId, { accept: headers.get('accept') })
   }
   // A body refused as too large is not read to its end: the connection closes after the answer.
   if (answer.status === 413 && !incoming.readableEnded) res.shouldKeepAlive = false

@@ -5,10 +5,12 @@ import { ForwardError, type Forward } from '../../gateway/forward.js'
 import { HeaderList } from '../../http/header-list.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
+import { upstreamTlsKey } from '../../config/upstream-tls.js'
+import { httpsConnector, UpstreamTlsError, type UpstreamTlsMaterial } from './upstream-tls.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
-/** A Forward on undici pools (one per upstream origin and timeout), with its shutdown. */
+/** A Forward on undici pools (one per upstream origin, timeout and TLS identity), with its shutdown. */
 export interface UndiciForward {
   forward: Forward
   close(): Promise<void>
@@ -16,21 +18,28 @@ export interface UndiciForward {
 
 /**
  * Forwards with undici: keep-alive pools, connect/headers/body timeouts from
- * the route's `timeout_ms`, bodies streamed both ways and never decompressed.
+ * the route's `timeout_ms`, bodies streamed both ways and never decompressed. A route with
+ * `upstream_tls` gets a pool of its own with the material `tls` holds for it (read at start,
+ * `loadUpstreamTls`); every https pool's handshake failures are `tls` failures, nothing sent.
  *
  * @example
- * const { forward, close } = createUndiciForward()
+ * const { forward, close } = createUndiciForward({ tls: loadUpstreamTls(config.routes) })
  * const app = createApp({ config, store, forward })
  */
-export function createUndiciForward(options: { connections?: number } = {}): UndiciForward {
+export function createUndiciForward(options: { connections?: number; tls?: UpstreamTlsMaterial } = {}): UndiciForward {
   const pools = new Map<string, Pool>()
   const poolFor = (route: RouteConfig): Pool => {
-    const key = `${route.upstream.origin} ${route.timeout_ms}`
+    const tlsKey = route.upstream_tls ? upstreamTlsKey(route.upstream_tls) : ''
+    const key = `${route.upstream.origin} ${route.timeout_ms} ${tlsKey}`
     let pool = pools.get(key)
     if (!pool) {
+      const material = tlsKey ? options.tls?.get(tlsKey) : undefined
+      // Its files are read at start; a route without them here was wired without loadUpstreamTls.
+      if (tlsKey && !material) throw new Error(`no TLS material loaded for route ${route.name}`)
+      const https = route.upstream.origin.startsWith('https:')
       pool = new Pool(route.upstream.origin, {
         connections: options.connections ?? 128,
-        connect: { timeout: route.timeout_ms },
+        connect: https ? httpsConnector(material, route.timeout_ms) : { timeout: route.timeout_ms },
         headersTimeout: route.timeout_ms,
         bodyTimeout: route.timeout_ms,
       })
@@ -44,9 +53,10 @@ export function createUndiciForward(options: { connections?: number } = {}): Und
     headers.forEach((value, name) => {
       flat[name] = value
     })
+    const pool = poolFor(route)
     let res
     try {
-      res = await poolFor(route).request({
+      res = await pool.request({
         path: route.upstream.basePath + target,
         method: method as 'POST',
         headers: flat,
@@ -170,6 +180,7 @@ function nodeBody(body: BodySource): Uint8Array | Readable | null {
 }
 
 function classify(err: unknown): ForwardError {
+  if (err instanceof UpstreamTlsError) return new ForwardError('tls', false)
   const code = (err as { code?: string }).code ?? ''
   if (notSent.has(code)) return new ForwardError('unreachable', false)
   if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') return new ForwardError('timeout', true)

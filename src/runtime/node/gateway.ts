@@ -16,6 +16,7 @@ import { instrument, readStoreGauges } from '../../observe/metrics.js'
 import { createPinoLogger } from './log.js'
 import { createPromMetrics } from './metrics.js'
 import { createUndiciForward } from './forward.js'
+import { loadUpstreamTls } from './upstream-tls.js'
 import { nodeSha256Hex } from './hash.js'
 import { storeCode, type Db } from '../../store/db.js'
 import { migrate } from '../../store/migrate.js'
@@ -77,6 +78,7 @@ export async function startGateway(options: {
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
   const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
   const attest = await attestationSigner(config)
+  const upstreamTls = loadUpstreamTls(config.routes)
   // The workers share store.max_connections (src/runtime/node/workers.ts).
   const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
   const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
@@ -98,7 +100,7 @@ export async function startGateway(options: {
     await store.close()
     throw err
   }
-  const upstream = createUndiciForward()
+  const upstream = createUndiciForward({ tls: upstreamTls })
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
   // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).

@@ -43,6 +43,7 @@ export function guardTargets(listener: RequestListener): RequestListener {
   return (incoming, res) => {
     const unsafe = unsafeTarget(incoming.url)
     if (!unsafe) return listener(incoming, res)
-    void writeAnswer(problemAnswer(unsafe, requestIdOf({ headers: headerViewOf(incoming.rawHeaders) })), res).catch(() => res.destroy())
+    const headers = headerViewOf(incoming.rawHeaders)
+    void writeAnswer(problemAnswer(unsafe, requestIdOf({ headers }), { accept: headers.get('accept') }), res).catch(() => res.destroy())
   }
 }

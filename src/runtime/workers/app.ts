@@ -49,6 +49,12 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
     if (shadowed) throw new ConfigError([`routes: ${shadowed.name} is under ${adminPrefix}, which FENCEGATE_ADMIN=on serves`])
   }
 
+  // A Worker's fetch takes no CA or client certificate per request: refused, never ignored.
+  const tlsRoute = config.routes.findIndex((r) => r.upstream_tls)
+  if (tlsRoute >= 0) {
+    throw new ConfigError([`routes[${tlsRoute}].upstream_tls: not supported on Workers (fetch trusts the platform's CAs and sends no client certificate); use Cloudflare's mTLS certificate binding in front of the upstream, or the Node gateway`])
+  }
+
   const log = createLogger(config.log.level)
   const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
   const attest = await workerAttestationSigner(config, vars)
