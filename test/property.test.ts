@@ -651,6 +651,24 @@ const describeRequest = (r: RawRequest) => JSON.stringify({ method: r.method, ta
 
 type Kind = 'forwarded' | 'replayed' | 'problem' | 'parser'
 
+/**
+ * The problem's media type a request should get (docs/http-contract.md): application/json
+ * when its Accept names application/json and not application/problem+json at least as high
+ * (a client such as node-zendesk reads no other); application/problem+json otherwise.
+ */
+function problemTypeFor(r: RawRequest): string {
+  const ranges = r.headers.filter(([n]) => n.toLowerCase() === 'accept').flatMap(([, v]) => v.split(','))
+  const q = (type: string) => Math.max(0, ...ranges.map((range) => range.split(';').map((p) => p.trim()))
+    .filter(([t]) => t!.toLowerCase() === type)
+    .map(([, ...params]) => {
+      const qp = params.find((p) => /^q=/i.test(p))
+      const value = qp === undefined ? 1 : Number(qp.slice(2))
+      return value >= 0 && value <= 1 ? value : 0
+    }))
+  const json = q('application/json')
+  return json > 0 && json > q('application/problem+json') ? 'application/json' : 'application/problem+json'
+}
+
 /** Property 1 for one exchange: never 5xx, and every error is a catalogued problem. Returns what it was. */
 function checkExchange(r: RawRequest, res: RawResponse | undefined): Kind {
   const where = `${describeRequest(r)}\n=> ${res ? `${res.status} ${JSON.stringify([...res.headers])} ${res.body.toString('latin1').slice(0, 300)}` : 'no response'}`
@@ -679,7 +697,7 @@ function checkExchange(r: RawRequest, res: RawResponse | undefined): Kind {
     return 'replayed'
   }
   expect(s.status, where).toBeGreaterThanOrEqual(400)
-  expect(header(s, 'content-type'), where).toBe('application/problem+json')
+  expect(header(s, 'content-type'), where).toBe(problemTypeFor(r))
   if (r.method === 'HEAD') return 'problem'
   const problem = JSON.parse(s.body.toString('utf8')) as Record<string, unknown>
   expect(Object.keys(problemCatalog), where).toContain(problem.code)
