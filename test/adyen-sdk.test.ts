@@ -163,4 +163,19 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=payment:o-fenced`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
   })
+
+  it('without the recipe\'s error_envelope line, errorCode is undefined and the message ends in undefined', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('adyen', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    const bareFront = await startTlsFront(certs, Number(new URL(bare.url).port))
+    try {
+      const via = checkoutVia({}, bareFront.url)
+      await via.PaymentsApi.payments(payment('o-bare'), { idempotencyKey: 'bare-5', headers: { 'X-Execution-Fence': '5' } })
+      const err = await thrown(via.PaymentsApi.payments(payment('o-bare'), { idempotencyKey: 'bare-4', headers: { 'X-Execution-Fence': '4' } }), HttpClientException)
+      expect(err.apiError).toMatchObject({ code: 'stale_fence' })
+      expect([err.errorCode, err.message]).toEqual([undefined, 'HTTP Exception: 409. Conflict: undefined'])
+    } finally {
+      await bareFront.close()
+      await bare.close()
+    }
+  })
 })

@@ -127,6 +127,19 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
   })
 
+  it('without the recipe\'s error_envelope line, name, message and statusCode are undefined', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('resend', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    try {
+      const client = new Resend('re_test_fencegate', { baseUrl: bare.url })
+      expect((await client.emails.send(email('bare@example.com'), { idempotencyKey: 'bare-5', headers: { 'X-Execution-Fence': '5' } })).error).toBeNull()
+      const err = await failed(client.emails.send(email('bare@example.com'), { idempotencyKey: 'bare-4', headers: { 'X-Execution-Fence': '4' } }))
+      expect(err).toMatchObject({ code: 'stale_fence', status: 409 })
+      expect([err.name, err.message, err.statusCode]).toEqual([undefined, undefined, undefined])
+    } finally {
+      await bare.close()
+    }
+  })
+
   it('a send without idempotencyKey is refused on this route, never forwarded', async () => {
     const before = fake.upstream.received.length
     const err = await failed(resend.emails.send(email('nokey@example.com')))

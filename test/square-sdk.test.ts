@@ -153,4 +153,17 @@ describe.each(backends())('the official Square SDK through fencegate, on $name',
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=order:o-fenced`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
   })
+
+  it('without the recipe\'s error_envelope line, errors[0] is the SDK\'s V1 fallback, made from the problem\'s type', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('square', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    try {
+      const client = new SquareClient({ token: 'sq_test_fencegate', baseUrl: bare.url })
+      await client.payments.create(payment('bare-5', 'o-bare'), { headers: { 'X-Execution-Fence': '5' } })
+      const err = await thrown(client.payments.create(payment('bare-4', 'o-bare'), { headers: { 'X-Execution-Fence': '4' } }), SquareError)
+      expect([err.statusCode, (err.body as { code: string }).code]).toEqual([409, 'stale_fence'])
+      expect(err.errors).toEqual([{ category: 'V1_ERROR', code: 'urn:fencegate:problem:stale_fence', detail: undefined, field: undefined }])
+    } finally {
+      await bare.close()
+    }
+  })
 })
