@@ -109,6 +109,7 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
       const late = await thrown(via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' }), HttpClientException)
       expect(late.statusCode).toBe(504)
       expect(late.apiError).toMatchObject({ code: 'upstream_timeout' })
+      expect([late.errorCode, late.apiError!.errorType]).toEqual(['upstream_timeout', 'internal'])
       const again = await via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' })
       expect(again).toMatchObject({ resultCode: 'Authorised', merchantReference: 'o-stall' })
       expect(fake.executions.get('stall')).toBe(1)
