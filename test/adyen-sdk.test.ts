@@ -82,6 +82,7 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     const lost = await thrown(checkout.PaymentsApi.payments(payment('o-reset', { shopperReference: 'fault:reset' }), { idempotencyKey: 'reset' }), HttpClientException)
     expect(lost.statusCode).toBe(502)
     expect(lost.apiError).toMatchObject({ code: 'upstream_unreachable' })
+    expect([lost.errorCode, lost.apiError!.errorType]).toEqual(['upstream_unreachable', 'internal'])
     const again = await checkout.PaymentsApi.payments(payment('o-reset', { shopperReference: 'fault:reset' }), { idempotencyKey: 'reset' })
     expect(again).toMatchObject({ resultCode: 'Authorised', merchantReference: 'o-reset' })
     expect(fake.executions.get('reset')).toBe(1)
@@ -108,6 +109,7 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
       const late = await thrown(via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' }), HttpClientException)
       expect(late.statusCode).toBe(504)
       expect(late.apiError).toMatchObject({ code: 'upstream_timeout' })
+      expect([late.errorCode, late.apiError!.errorType]).toEqual(['upstream_timeout', 'internal'])
       const again = await via.PaymentsApi.payments(payment('o-stall', { shopperReference: 'fault:stall' }), { idempotencyKey: 'stall' })
       expect(again).toMatchObject({ resultCode: 'Authorised', merchantReference: 'o-stall' })
       expect(fake.executions.get('stall')).toBe(1)
@@ -123,6 +125,7 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     const err = await thrown(checkout.PaymentsApi.payments(payment('o-nokey')), HttpClientException)
     expect(err.statusCode).toBe(400)
     expect(err.apiError).toMatchObject({ code: 'idempotency_key_required' })
+    expect([err.errorCode, err.message]).toEqual(['idempotency_key_required', 'HTTP Exception: 400. Bad Request: route adyen-payments requires Idempotency-Key'])
     expect(fake.upstream.received).toHaveLength(before)
   })
 
@@ -143,7 +146,8 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     await checkout.PaymentsApi.payments(payment('o-same'), { idempotencyKey: 'same' })
     const err = await thrown(checkout.PaymentsApi.payments(payment('o-same', { amount: { currency: 'EUR', value: 2000 } }), { idempotencyKey: 'same' }), HttpClientException)
     expect(err.statusCode).toBe(422)
-    expect(err.apiError).toMatchObject({ code: 'idempotency_key_reused' })
+    expect(err.apiError).toMatchObject({ code: 'idempotency_key_reused', errorType: 'validation' })
+    expect([err.errorCode, err.message]).toEqual(['idempotency_key_reused', 'HTTP Exception: 422. Unprocessable Entity: this Idempotency-Key was used with a different method, path, query or body'])
     expect(fake.arrivals('same')).toBe(1)
   })
 
@@ -152,10 +156,27 @@ describe.each(backends())('the official Adyen library through fencegate, on $nam
     const err = await thrown(checkout.PaymentsApi.payments(payment('o-fenced'), { idempotencyKey: 'fence-4', headers: { 'X-Execution-Fence': '4' } }), HttpClientException)
     expect(err.statusCode).toBe(409)
     expect(err.apiError).toMatchObject({ code: 'stale_fence', detail: expect.stringMatching(/fence 4 is lower than 5/) })
-    // Adyen's own fields: filled by the per-route error envelope (issue 29, item 5), not yet.
-    expect([err.errorCode, err.message]).toEqual([undefined, 'HTTP Exception: 409. Conflict: undefined'])
+    // Adyen's own fields, from the recipe's error_envelope: adyen.
+    const detail = 'fence 4 is lower than 5, the highest accepted for payment:o-fenced'
+    expect([err.errorCode, err.message]).toEqual(['stale_fence', `HTTP Exception: 409. Conflict: ${detail}`])
+    expect(err.apiError).toMatchObject({ status: 409, errorCode: 'stale_fence', message: detail, errorType: 'validation' })
     expect(fake.arrivals('fence-4')).toBe(0)
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=payment:o-fenced`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
+  })
+
+  it('without the recipe\'s error_envelope line, errorCode is undefined and the message ends in undefined', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('adyen', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    const bareFront = await startTlsFront(certs, Number(new URL(bare.url).port))
+    try {
+      const via = checkoutVia({}, bareFront.url)
+      await via.PaymentsApi.payments(payment('o-bare'), { idempotencyKey: 'bare-5', headers: { 'X-Execution-Fence': '5' } })
+      const err = await thrown(via.PaymentsApi.payments(payment('o-bare'), { idempotencyKey: 'bare-4', headers: { 'X-Execution-Fence': '4' } }), HttpClientException)
+      expect(err.apiError).toMatchObject({ code: 'stale_fence' })
+      expect([err.errorCode, err.message]).toEqual([undefined, 'HTTP Exception: 409. Conflict: undefined'])
+    } finally {
+      await bareFront.close()
+      await bare.close()
+    }
   })
 })

@@ -58,7 +58,7 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
 
   it('a reset after Resend accepted the e-mail: the SDK returns the 502, the call again with the key is forwarded and replayed: one e-mail', async () => {
     const lost = await failed(resend.emails.send(email('reset@example.com', 'fault:reset'), { idempotencyKey: 'reset' }))
-    expect(lost).toMatchObject({ code: 'upstream_unreachable', status: 502 })
+    expect(lost).toMatchObject({ code: 'upstream_unreachable', status: 502, name: 'upstream_unreachable', statusCode: 502 })
     const again = await resend.emails.send(email('reset@example.com', 'fault:reset'), { idempotencyKey: 'reset' })
     expect(again.error).toBeNull()
     expect(again.data!.id).toMatch(/^49a3999c-/)
@@ -83,7 +83,7 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
     try {
       const client = new Resend('re_test_fencegate', { baseUrl: quick.url })
       const late = await failed(client.emails.send(email('stall@example.com', 'fault:stall'), { idempotencyKey: 'stall' }))
-      expect(late).toMatchObject({ code: 'upstream_timeout', status: 504 })
+      expect(late).toMatchObject({ code: 'upstream_timeout', status: 504, name: 'upstream_timeout', statusCode: 504 })
       const again = await client.emails.send(email('stall@example.com', 'fault:stall'), { idempotencyKey: 'stall' })
       expect(again.error).toBeNull()
       expect(again.data!.id).toMatch(/^49a3999c-/)
@@ -111,6 +111,8 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
     await resend.emails.send(email('same@example.com'), { idempotencyKey: 'same' })
     const err = await failed(resend.emails.send(email('same@example.com', 'Another subject'), { idempotencyKey: 'same' }))
     expect(err).toMatchObject({ code: 'idempotency_key_reused', status: 422 })
+    // Resend's own fields, from the recipe's error_envelope: resend.
+    expect([err.name, err.message, err.statusCode]).toEqual(['idempotency_key_reused', 'this Idempotency-Key was used with a different method, path, query or body', 422])
     expect(fake.arrivals('same')).toBe(1)
   })
 
@@ -118,17 +120,30 @@ describe.each(backends())('the official Resend SDK through fencegate, on $name',
     expect((await resend.emails.send(email('fenced@example.com'), { idempotencyKey: 'fence-5', headers: { 'X-Execution-Fence': '5' } })).error).toBeNull()
     const err = await failed(resend.emails.send(email('fenced@example.com'), { idempotencyKey: 'fence-4', headers: { 'X-Execution-Fence': '4' } }))
     expect(err).toMatchObject({ code: 'stale_fence', status: 409, detail: expect.stringMatching(/fence 4 is lower than 5/) })
-    // Resend's own error fields: filled by the per-route error envelope (issue 29, item 5), not yet.
-    expect([err.name, err.message, err.statusCode]).toEqual([undefined, undefined, undefined])
+    // Resend's own error fields, from the recipe's error_envelope: resend.
+    expect([err.name, err.message, err.statusCode]).toEqual(['stale_fence', 'fence 4 is lower than 5, the highest accepted for recipient:fenced@example.com', 409])
     expect(fake.arrivals('fence-4')).toBe(0)
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=recipient:fenced@example.com`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
   })
 
+  it('without the recipe\'s error_envelope line, name, message and statusCode are undefined', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('resend', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    try {
+      const client = new Resend('re_test_fencegate', { baseUrl: bare.url })
+      expect((await client.emails.send(email('bare@example.com'), { idempotencyKey: 'bare-5', headers: { 'X-Execution-Fence': '5' } })).error).toBeNull()
+      const err = await failed(client.emails.send(email('bare@example.com'), { idempotencyKey: 'bare-4', headers: { 'X-Execution-Fence': '4' } }))
+      expect(err).toMatchObject({ code: 'stale_fence', status: 409 })
+      expect([err.name, err.message, err.statusCode]).toEqual([undefined, undefined, undefined])
+    } finally {
+      await bare.close()
+    }
+  })
+
   it('a send without idempotencyKey is refused on this route, never forwarded', async () => {
     const before = fake.upstream.received.length
     const err = await failed(resend.emails.send(email('nokey@example.com')))
-    expect(err).toMatchObject({ code: 'idempotency_key_required', status: 400 })
+    expect(err).toMatchObject({ code: 'idempotency_key_required', status: 400, name: 'idempotency_key_required', message: 'route resend-emails requires Idempotency-Key', statusCode: 400 })
     expect(fake.upstream.received).toHaveLength(before)
   })
 })

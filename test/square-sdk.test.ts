@@ -134,6 +134,8 @@ describe.each(backends())('the official Square SDK through fencegate, on $name',
     const err = await thrown(square.payments.create(payment('same', 'o-same', { amountMoney: { amount: BigInt(200), currency: 'USD' } })), SquareError)
     expect(err.statusCode).toBe(422)
     expect(err.body).toMatchObject({ code: 'idempotency_key_reused', status: 422 })
+    // Square's own errors[], from the recipe's error_envelope: square (Square's code for this refusal too).
+    expect(err.errors).toEqual([{ category: 'INVALID_REQUEST_ERROR', code: 'IDEMPOTENCY_KEY_REUSED', detail: 'this Idempotency-Key was used with a different method, path, query or body' }])
     expect(attemptsOf('same')).toBe(before + 1)
     expect(fake.arrivals('same')).toBe(1)
   })
@@ -143,12 +145,25 @@ describe.each(backends())('the official Square SDK through fencegate, on $name',
     const err = await thrown(square.payments.create(payment('fence-4', 'o-fenced'), { headers: { 'X-Execution-Fence': '4' } }), SquareError)
     expect(err.statusCode).toBe(409)
     expect(err.body).toMatchObject({ code: 'stale_fence', detail: expect.stringMatching(/fence 4 is lower than 5/) })
-    // Square's own errors[]: the SDK's fallback for a body without one, until the per-route error envelope (issue 29, item 5).
-    expect(err.errors).toEqual([expect.objectContaining({ category: 'V1_ERROR' })])
-    expect(err.errors[0]!.code).not.toBe('stale_fence')
+    // Square's own errors[], from the recipe's error_envelope: square; the message is the SDK's, with the body.
+    expect(err.errors).toEqual([{ category: 'INVALID_REQUEST_ERROR', code: 'STALE_FENCE', detail: 'fence 4 is lower than 5, the highest accepted for order:o-fenced' }])
+    expect(err.message).toMatch(/^Status code: 409\nBody: \{/)
     expect(attemptsOf('fence-4')).toBe(1)
     expect(fake.arrivals('fence-4')).toBe(0)
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=order:o-fenced`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
+  })
+
+  it('without the recipe\'s error_envelope line, errors[0] is the SDK\'s V1 fallback, made from the problem\'s type', async () => {
+    const bare = await startTestGateway({ config: testConfig(recipeRoutes('square', fake.upstream.url).map(({ error_envelope: _, ...r }) => r)), store: t.store })
+    try {
+      const client = new SquareClient({ token: 'sq_test_fencegate', baseUrl: bare.url })
+      await client.payments.create(payment('bare-5', 'o-bare'), { headers: { 'X-Execution-Fence': '5' } })
+      const err = await thrown(client.payments.create(payment('bare-4', 'o-bare'), { headers: { 'X-Execution-Fence': '4' } }), SquareError)
+      expect([err.statusCode, (err.body as { code: string }).code]).toEqual([409, 'stale_fence'])
+      expect(err.errors).toEqual([{ category: 'V1_ERROR', code: 'urn:fencegate:problem:stale_fence', detail: undefined, field: undefined }])
+    } finally {
+      await bare.close()
+    }
   })
 })

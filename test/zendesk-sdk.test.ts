@@ -22,6 +22,9 @@ function startFakeZendesk(): Promise<FakeApi> {
   })
 }
 
+const STALE_DETAIL = 'fence 4 is lower than 5, the highest accepted for ticket:T-fenced'
+const KEY_REQUIRED_DETAIL = 'route zendesk-tickets requires an idempotency key (body.ticket.external_id is missing from the request)'
+
 describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (backend) => {
   let t: TestDb
   let fake: FakeApi
@@ -44,11 +47,15 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
   })
 
   const ticket = (externalId: string, subject = 'Printer on fire', body = 'It is on fire.') => ({ ticket: { external_id: externalId, subject, comment: { body } } })
-  const thrown = async (call: Promise<unknown>): Promise<Error & { statusCode?: number }> => {
+  /** The problem's code in a result node-zendesk resolved with (typed as a ticket, which it is not). */
+  const codeOf = (result: unknown) => (result as { code?: string }).code
+  /** What node-zendesk throws: with `throwOriginalException`, `statusCode` and the parsed body as `result`. */
+  type ZendeskError = Error & { statusCode?: number; result?: Record<string, unknown> }
+  const thrown = async (call: Promise<unknown>): Promise<ZendeskError> => {
     const outcome = await call.then((value) => ({ value }), (error: unknown) => ({ error }))
     if (!('error' in outcome)) throw new Error(`resolved as ${JSON.stringify(outcome.value)}`)
     expect(outcome.error).toBeInstanceOf(Error)
-    return outcome.error as Error & { statusCode?: number }
+    return outcome.error as ZendeskError
   }
 
   it('creates a ticket once; the same ticket created again, with another comment, gets the first ticket', async () => {
@@ -76,9 +83,10 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
   it('a stale fence: the create rejects, never forwarded, one audit row', async () => {
     expect((await tickets('5').create(ticket('T-fenced'))).result.id).toBeGreaterThan(0)
     const err = await thrown(tickets('4').create(ticket('T-fenced', 'Printer on fire', 'from the worker that lost it')))
-    expect(err.statusCode).toBe(409)
-    // node-zendesk reads no body that is not application/json: the problem's code waits for content negotiation (issue 29, item 5).
-    expect(err.message).toBe('Zendesk Error (409): Conflict')
+    // node-zendesk sends Accept: application/json, so the problem comes as application/json, the
+    // one type it reads a body of: its thrown error carries it as `result`; the message is the SDK's.
+    expect([err.statusCode, err.message]).toEqual([409, 'Zendesk Error (409): Conflict'])
+    expect(err.result).toMatchObject({ code: 'stale_fence', status: 409, detail: STALE_DETAIL, error: { code: 'stale_fence', message: STALE_DETAIL } })
     expect(fake.arrivals('T-fenced')).toBe(1)
     const audit = await (await fetch(`${gw.adminUrl}/audit?entity=ticket:T-fenced`)).json() as { items: { code: string }[] }
     expect(audit.items.filter((i) => i.code === 'stale_fence')).toHaveLength(1)
@@ -86,13 +94,12 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
 
   it('a reset after the ticket was created: the SDK resolves the 502 without a ticket, and no create of that ticket is sent again', async () => {
     const lost = await tickets().create(ticket('T-reset', 'fault:reset'))
-    // A 502 is not in node-zendesk's error table: the call resolves, with no ticket in it (today
-    // `{}`, as the SDK reads no problem+json body; the problem once content negotiation lands).
+    // A 502 is not in node-zendesk's error table: the call resolves, with the problem as its result, not a ticket.
     expect(lost.result?.id).toBeUndefined()
-    expect((lost.response as Response).status).toBe(502)
+    expect([(lost.response as Response).status, codeOf(lost.result)]).toEqual([502, 'upstream_unreachable'])
     const again = await tickets().create(ticket('T-reset', 'fault:reset'))
     expect(again.result?.id).toBeUndefined()
-    expect((again.response as Response).status).toBe(502)
+    expect([(again.response as Response).status, codeOf(again.result)]).toEqual([502, 'outcome_unknown'])
     expect(fake.executions.get('T-reset')).toBe(1)
     expect(fake.arrivals('T-reset')).toBe(1)
   })
@@ -102,9 +109,9 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
     try {
       const client = zendesk.createClient({ username: 'agent@example.com', token: 'zd-token', endpointUri: `${quick.url}/api/v2`, throwOriginalException: true }).tickets
       const late = await client.create(ticket('T-stall', 'fault:stall'))
-      expect([(late.response as Response).status, late.result?.id]).toEqual([504, undefined])
+      expect([(late.response as Response).status, late.result?.id, codeOf(late.result)]).toEqual([504, undefined, 'upstream_timeout'])
       const again = await client.create(ticket('T-stall', 'fault:stall'))
-      expect([(again.response as Response).status, again.result?.id]).toEqual([502, undefined])
+      expect([(again.response as Response).status, again.result?.id, codeOf(again.result)]).toEqual([502, undefined, 'outcome_unknown'])
       expect(fake.executions.get('T-stall')).toBe(1)
       expect(fake.arrivals('T-stall')).toBe(1)
     } finally {
@@ -115,12 +122,21 @@ describe.each(backends())('the node-zendesk SDK through fencegate, on $name', (b
   it('a call with no route is thrown as Zendesk\'s 404', async () => {
     const err = await thrown(tickets().show(1))
     expect([err.statusCode, err.message]).toEqual([404, 'Zendesk Error (404): Item not found'])
+    expect(err.result).toMatchObject({ code: 'no_route' })
   })
 
   it('a create that names no external_id is refused: the route keys on it', async () => {
     const before = fake.upstream.received.length
     const err = await thrown(tickets().create({ ticket: { subject: 'No id', comment: { body: 'x' } } } as never))
     expect([err.statusCode, err.message]).toEqual([400, 'Zendesk Error (400): Bad Request'])
+    expect(err.result).toMatchObject({ code: 'idempotency_key_required', detail: KEY_REQUIRED_DETAIL })
     expect(fake.upstream.received).toHaveLength(before)
+  })
+
+  it('without throwOriginalException, the SDK\'s own message carries the problem\'s detail (from error.message)', async () => {
+    const plain = zendesk.createClient({ username: 'agent@example.com', token: 'zd-token', endpointUri: `${gw.url}/api/v2` }).tickets
+    const err = await thrown(plain.create({ ticket: { subject: 'No id', comment: { body: 'x' } } } as never))
+    expect(err.message).toBe(`Request processing failed: Zendesk Error (400): Bad Request - ${KEY_REQUIRED_DETAIL}`)
+    expect([err.statusCode, err.result]).toEqual([undefined, undefined])
   })
 })
