@@ -9,6 +9,7 @@ import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
+import { correlatedLogger, noTracing, type Tracing } from '../observe/tracing.js'
 import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
 import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
@@ -39,6 +40,8 @@ export interface AppDeps {
   attest?: AttestationSigner
   /** Without auth, keeps web pages out (src/http/browser-guard.ts); Node passes one, a public Worker none. */
   browserGuard?: BrowserGuard
+  /** Spans per request (src/observe/tracing.ts); defaults to none. Node passes OpenTelemetry's when configured. */
+  tracing?: Tracing
 }
 
 export type AppEnv = { Variables: { requestId: string } }
@@ -76,11 +79,13 @@ export type HandleCommand = (request: Inbound, requestId: string) => Promise<Ans
  * const { app, handle } = createDataPlane({ config, store, forward })
  */
 export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: HandleCommand } {
-  const log = deps.log ?? silentLogger
+  const tracing = deps.tracing ?? noTracing
+  // Lines written during a traced request carry its trace_id and span_id.
+  const log = correlatedLogger(deps.log ?? silentLogger, tracing)
   const metrics = deps.metrics ?? noMetrics
   const rules = deps.rules ?? staticRules(deps.config)
   const authenticate = deps.authenticate ?? noAuthentication
-  const command = createPipeline({ ...deps, authenticate, rules, log, metrics })
+  const command = createPipeline({ ...deps, authenticate, rules, log, metrics, tracing })
   const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics, audit: (r) => deps.store.recordRejection(r) })
   const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
     // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
