@@ -1,4 +1,4 @@
-import { createServer, type IncomingMessage } from 'node:http'
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 
 /** A span as a collector receives it, from either protocol, in one shape. */
@@ -27,8 +27,10 @@ export interface Collector {
   contentTypes: string[]
   /** Resolves once at least `count` spans in all have arrived. */
   received(count: number): Promise<ReceivedSpan[]>
-  /** Answers every export with this status from now on (500: a collector in trouble). */
-  answer(status: number): void
+  /** Resolves once `count` export requests in all have arrived (decoded or not). */
+  requested(count: number): Promise<void>
+  /** Answers every export with this status from now on (500: a collector in trouble), or never (`hang`). */
+  answer(status: number | 'hang'): void
   close(): Promise<void>
 }
 
@@ -184,13 +186,16 @@ function readAll(req: IncomingMessage): Promise<Buffer> {
 
 /**
  * A real OTLP/HTTP trace receiver on loopback: POST /v1/traces in protobuf or JSON, decoded
- * into `spans`, answered 200 with an empty ExportTraceServiceResponse (or the status set by `answer`).
+ * into `spans`, answered 200 with an empty ExportTraceServiceResponse (or as `answer` says).
  */
 export async function startCollector(): Promise<Collector> {
   const spans: ReceivedSpan[] = []
   const contentTypes: string[] = []
   const waiters: { count: number; resolve: () => void }[] = []
-  let status = 200
+  const requestWaiters: { count: number; resolve: () => void }[] = []
+  let status: number | 'hang' = 200
+  // Exports held by `hang`, answered (200, their spans dropped) when it ends.
+  const hung: ServerResponse[] = []
   const sockets = new Set<Socket>()
   const server = createServer(async (req, res) => {
     const body = await readAll(req)
@@ -200,6 +205,11 @@ export async function startCollector(): Promise<Collector> {
     }
     const type = String(req.headers['content-type'])
     contentTypes.push(type)
+    for (const w of requestWaiters.filter((w) => contentTypes.length >= w.count)) w.resolve()
+    if (status === 'hang') {
+      hung.push(res)
+      return
+    }
     if (status !== 200) {
       res.writeHead(status, { 'content-type': 'text/plain' }).end('collector trouble')
       return
@@ -223,8 +233,13 @@ export async function startCollector(): Promise<Collector> {
       if (spans.length >= count) return Promise.resolve(spans)
       return new Promise((resolve) => waiters.push({ count, resolve: () => resolve(spans) }))
     },
+    requested(count) {
+      if (contentTypes.length >= count) return Promise.resolve()
+      return new Promise((resolve) => requestWaiters.push({ count, resolve }))
+    },
     answer(s) {
       status = s
+      if (s !== 'hang') for (const res of hung.splice(0)) res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end()
     },
     close: () => new Promise((resolve) => {
       for (const s of sockets) s.destroy()
