@@ -156,3 +156,21 @@ describe('a collector in trouble never changes an answer', () => {
     expect(lines.some((l) => JSON.parse(l).event === 'trace_export_failed')).toBe(true)
   })
 })
+
+describe('without tracing', () => {
+  it("fencegate leaves trace context alone: the caller's traceparent and tracestate reach the upstream as sent", async () => {
+    const t = await backend.open()
+    const upstream = await startUpstream()
+    const gw = await startTestGateway({ config: testConfig([route(upstream.url)]), store: t.store })
+    try {
+      const traceparent = `00-${traceId}-${callerSpan}-01`
+      expect((await post(`${gw.url}/payments/1/capture`, '1', { headers: { traceparent, tracestate: 'vendor=abc' } })).status).toBe(200)
+      expect(traceparents(upstream, 0)).toEqual([traceparent])
+      expect(upstream.received[0]!.headers.tracestate).toBe('vendor=abc')
+    } finally {
+      await gw.close()
+      await upstream.close()
+      await t.close()
+    }
+  })
+})
