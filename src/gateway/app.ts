@@ -4,12 +4,13 @@ import type { Digest } from '../http/body.js'
 import type { Config } from '../config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
-import { createJobsApi, jobsPath } from '../leases/api.js'
+import { createJobsApi, jobRouteOf, jobsPath } from '../leases/api.js'
 import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
-import { correlatedLogger, noTracing, type Tracing } from '../observe/tracing.js'
+import { correlatedLogger, noTracing, type OpenSpan, type Tracing } from '../observe/tracing.js'
+import { endJobSpan, startRequestSpan } from './spans.js'
 import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
 import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
@@ -87,16 +88,25 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const authenticate = deps.authenticate ?? noAuthentication
   const command = createPipeline({ ...deps, authenticate, rules, log, metrics, tracing })
   const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics, audit: (r) => deps.store.recordRejection(r) })
+  const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: { template: string; id?: string } }): Promise<Answer> => {
+    let answer: Answer | undefined
+    try {
+      answer = await jobsApi!(request, requestId)
+    } catch (err) {
+      const problem = failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed')
+      if (traced) endJobSpan(traced.span, request.method, traced.route, problem.status, problem.code)
+      return problemAnswer(problem, requestId)
+    }
+    if (traced && answer) endJobSpan(traced.span, request.method, traced.route, answer.status)
+    return answer ?? command(request, requestId)
+  }
   const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
     // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
-    let answer: Answer | undefined
-    try {
-      answer = await jobsApi(request, requestId)
-    } catch (err) {
-      return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId)
-    }
-    return answer ?? command(request, requestId)
+    const route = tracing.enabled ? jobRouteOf(request.method, request.url.pathname) : undefined
+    if (!route) return serveJobs(request, requestId)
+    const span = startRequestSpan(tracing, request)
+    return tracing.within(span, () => serveJobs(request, requestId, { span, route }))
   }
   const guard = deps.browserGuard
   const handle: HandleCommand = !guard ? routed : async (request, requestId) => {

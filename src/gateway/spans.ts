@@ -66,6 +66,21 @@ export function endRequestSpan(trace: DecidedRequest, decision: 'forwarded' | 'r
   span.end(status >= 500 ? (code ?? String(status)) : undefined)
 }
 
+/**
+ * The SERVER span of a job API call, ended with its answer: named by the route's template,
+ * with the job id (`fencegate.job.id`) and, for a refusal, the problem code as the decision.
+ */
+export function endJobSpan(span: OpenSpan, method: string, route: { template: string; id?: string }, status: number, code?: ProblemCode): void {
+  span.rename(`${spanMethod(method)} ${route.template}`)
+  span.set({
+    [ATTR_HTTP_ROUTE]: route.template,
+    [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
+    'fencegate.job.id': route.id,
+    'fencegate.decision': code,
+  })
+  span.end(status >= 500 ? (code ?? String(status)) : undefined)
+}
+
 /** The upstream URL as a span may show it: the query's names kept, its values not (they can carry data). */
 export function redactedUrl(route: RouteConfig, target: string): string {
   const q = target.indexOf('?')

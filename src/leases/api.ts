@@ -109,6 +109,20 @@ const perJob = new Map<string, Map<string, JobRoute>>([
   ['/cancel', new Map([['POST', scoped(jobScopes.cancel, cancel)]])],
 ])
 
+/**
+ * The job API's route a request is for, as a template (`/_fencegate/jobs/{job_id}/heartbeat`),
+ * with the job id as written in the path; undefined when it is none of them. For span names.
+ *
+ * @example
+ * jobRouteOf('POST', '/_fencegate/jobs/42/heartbeat') // { template: '/_fencegate/jobs/{job_id}/heartbeat', id: '42' }
+ */
+export function jobRouteOf(method: string, pathname: string): { template: string; id?: string } | undefined {
+  const found = routeOf(method, pathname)
+  if (!found) return undefined
+  if (found.id === undefined) return { template: pathname }
+  return { template: `${jobsPath}/{job_id}${pathname.slice(jobsPath.length + 1 + found.id.length)}`, id: found.id }
+}
+
 /** `/_fencegate/jobs`, `/bulk`, `/claim`, then `/:id` and `/:id/<verb>`; exact paths, no trailing slash. */
 function routeOf(method: string, pathname: string): { route: JobRoute; id?: string } | undefined {
   if (!pathname.startsWith(jobsPath)) return undefined

@@ -105,7 +105,7 @@ export async function startGateway(options: {
   }
   const upstream = createUndiciForward()
   // Job completions of one turn share a statement, as idempotency completions do.
-  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
+  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics, { tracing, system: db.kind === 'postgres' ? 'postgresql' : 'pglite' })
   // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).
   const open = config.auth.mode === 'none'
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
