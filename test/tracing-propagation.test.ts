@@ -24,7 +24,7 @@ interface Setup {
 let open: Setup | undefined
 
 /** A traced gateway on a fresh database, its collector and upstream; `env` adds to the OTEL_* variables. */
-async function setup(env: Record<string, string> = {}, upstreamUrl?: string): Promise<Setup> {
+async function setup(env: Record<string, string> = {}, upstreamUrl?: string, extra: Record<string, unknown> = {}): Promise<Setup> {
   const t = await backend.open()
   const upstream = await startUpstream()
   const collector = await startCollector()
@@ -32,7 +32,7 @@ async function setup(env: Record<string, string> = {}, upstreamUrl?: string): Pr
   const log = createPinoLogger('info', { write: (line: string) => { lines.push(line) } })
   const traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url, ...env })!, log)
   const store = instrument(t.store, noMetrics, { tracing: traced.tracing, system: 'pglite' })
-  const gw = await startTestGateway({ config: testConfig([route(upstreamUrl ?? upstream.url)]), store, log, tracing: traced.tracing })
+  const gw = await startTestGateway({ config: testConfig([route(upstreamUrl ?? upstream.url)], extra), store, log, tracing: traced.tracing })
   open = { t, upstream, collector, traced, gw, lines }
   return open
 }
@@ -118,6 +118,17 @@ describe(`trace context on ${backend.name}`, () => {
     expect(client.status.code).toBe(2)
     expect(client.attributes['error.type']).toBe('unreachable')
     expect(client.attributes['http.response.status_code']).toBeUndefined()
+  })
+})
+
+describe('telemetry.entity: false', () => {
+  it('keeps the entity off the span and everything else on it', async () => {
+    const { gw, traced, collector } = await setup({}, undefined, { telemetry: { entity: false } })
+    expect((await post(`${gw.url}/payments/42/capture`, '1')).status).toBe(200)
+    await traced.flush()
+    const server = collector.spans.find((s) => s.kind === spanKind.server)!
+    expect(server.attributes['fencegate.entity']).toBeUndefined()
+    expect(server.attributes).toMatchObject({ 'fencegate.fence': '1', 'fencegate.decision': 'forwarded', 'url.path': '/payments/42/capture' })
   })
 })
 

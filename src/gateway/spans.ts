@@ -49,7 +49,7 @@ export interface DecidedRequest {
  * decision (`forwarded`, `replayed` or the problem code), fence, entity and key outcome. A 4xx
  * is the client's (status left unset); a 5xx is ERROR, typed by the problem code or the status.
  */
-export function endRequestSpan(trace: DecidedRequest, decision: 'forwarded' | 'replayed' | ProblemCode, status: number, code?: ProblemCode): void {
+export function endRequestSpan(trace: DecidedRequest, decision: 'forwarded' | 'replayed' | ProblemCode, status: number, code: ProblemCode | undefined, withEntity: boolean): void {
   const span = trace.span!
   const route = trace.route?.config
   if (route) span.rename(`${spanMethod(trace.method)} ${route.path}`)
@@ -59,7 +59,8 @@ export function endRequestSpan(trace: DecidedRequest, decision: 'forwarded' | 'r
     'fencegate.route': route?.name,
     'fencegate.decision': decision,
     'fencegate.fence': trace.fence,
-    'fencegate.entity': trace.entity,
+    // An entity names a customer's object (`invoice:42`): `telemetry.entity: false` keeps it out of the tracing backend.
+    'fencegate.entity': withEntity ? trace.entity : undefined,
     'fencegate.idempotency.outcome': trace.idempotencyOutcome,
     'fencegate.request_id': trace.requestId,
   })

@@ -1,3 +1,4 @@
+import type { Config } from '../config/schema.js'
 import type { Identity } from '../http/identity.js'
 import type { ProblemCode } from '../http/problems.js'
 import type { Logger } from '../observe/log.js'
@@ -62,7 +63,7 @@ function roundMs(ms: number | undefined): number | undefined {
 }
 
 /** The decision's one log line and its metrics: identifiers, hashes and durations, never a body. */
-export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Tracing }, trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
+export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Tracing; config: Config }, trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
   const durationMs = performance.now() - started
   const route = trace.route?.config.name
   ctx.metrics.request({ route, outcome, code, durationMs })
@@ -72,5 +73,5 @@ export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Traci
     entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
     duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
   })
-  if (ctx.tracing.enabled && trace.span) endRequestSpan(trace, code ?? (outcome === 'rejected' ? 'internal_error' : outcome), status, code)
+  if (ctx.tracing.enabled && trace.span) endRequestSpan(trace, code ?? (outcome === 'rejected' ? 'internal_error' : outcome), status, code, ctx.config.telemetry.entity)
 }
