@@ -1,6 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createJobStore } from '../src/leases/store.js'
-import { instrument, noMetrics } from '../src/observe/metrics.js'
 import { silentLogger } from '../src/observe/log.js'
 import { startTracing, type NodeTracing } from '../src/runtime/node/tracing.js'
 import { tracingSettings } from '../src/runtime/node/tracing-env.js'
@@ -17,10 +16,9 @@ describe.each(backends())('job API spans on $name', (backend) => {
     t = await backend.open()
     collector = await startCollector()
     traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url })!, silentLogger)
-    const traceStore = { tracing: traced.tracing, system: system(backend.name) }
     gw = await startTestGateway({
       config: testConfig([route('http://127.0.0.1:9')], { job_types: [{ name: 'report', lease: '45s' }] }),
-      store: t.store, jobs: instrument(createJobStore(t.db), noMetrics, traceStore), tracing: traced.tracing,
+      store: t.store, jobs: createJobStore(t.db), tracing: traced.tracing, storeSystem: system(backend.name),
     })
   })
   afterAll(async () => {

@@ -1,5 +1,4 @@
 import { afterEach, describe, expect, it } from 'vitest'
-import { instrument, noMetrics } from '../src/observe/metrics.js'
 import { createPinoLogger } from '../src/runtime/node/log.js'
 import { startTracing, type NodeTracing } from '../src/runtime/node/tracing.js'
 import { tracingSettings } from '../src/runtime/node/tracing-env.js'
@@ -31,8 +30,7 @@ async function setup(env: Record<string, string> = {}, upstreamUrl?: string, ext
   const lines: string[] = []
   const log = createPinoLogger('info', { write: (line: string) => { lines.push(line) } })
   const traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url, ...env })!, log)
-  const store = instrument(t.store, noMetrics, { tracing: traced.tracing, system: 'pglite' })
-  const gw = await startTestGateway({ config: testConfig([route(upstreamUrl ?? upstream.url)], extra), store, log, tracing: traced.tracing })
+  const gw = await startTestGateway({ config: testConfig([route(upstreamUrl ?? upstream.url)], extra), store: t.store, log, tracing: traced.tracing, storeSystem: 'pglite' })
   open = { t, upstream, collector, traced, gw, lines }
   return open
 }

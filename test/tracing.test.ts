@@ -1,5 +1,4 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { noMetrics, instrument } from '../src/observe/metrics.js'
 import { createPinoLogger } from '../src/runtime/node/log.js'
 import { startTracing, type NodeTracing } from '../src/runtime/node/tracing.js'
 import { tracingSettings } from '../src/runtime/node/tracing-env.js'
@@ -39,9 +38,8 @@ for (const backend of backends()) {
         lines = []
         const log = createPinoLogger('info', { write: (line: string) => { lines.push(line) } })
         traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url, OTEL_EXPORTER_OTLP_PROTOCOL: protocol, OTEL_SERVICE_NAME: 'fg-test' })!, log)
-        const store = instrument(t.store, noMetrics, { tracing: traced.tracing, system: backend.name === 'postgres' ? 'postgresql' : 'pglite' })
         const config = testConfig([route(upstream.url, { idempotency: 'optional' })])
-        gw = await startTestGateway({ config, store, log, tracing: traced.tracing })
+        gw = await startTestGateway({ config, store: t.store, log, tracing: traced.tracing, storeSystem: backend.name === 'postgres' ? 'postgresql' : 'pglite' })
       })
       afterEach(async () => {
         await gw.close()

@@ -9,6 +9,7 @@ import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
+import { storeSpans } from '../observe/store-spans.js'
 import { correlatedLogger, noTracing, type OpenSpan, type Tracing } from '../observe/tracing.js'
 import { endJobSpan, startRequestSpan } from './spans.js'
 import { createPipeline, failureProblem } from './pipeline.js'
@@ -43,6 +44,8 @@ export interface AppDeps {
   browserGuard?: BrowserGuard
   /** Spans per request (src/observe/tracing.ts); defaults to none. Node passes OpenTelemetry's when configured. */
   tracing?: Tracing
+  /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
+  storeSystem?: string
 }
 
 export type AppEnv = { Variables: { requestId: string } }
@@ -81,8 +84,8 @@ export type HandleCommand = (request: Inbound, requestId: string) => Promise<Ans
  */
 export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: HandleCommand } {
   const tracing = deps.tracing ?? noTracing
-  // Lines written during a traced request carry its trace_id and span_id.
-  const log = correlatedLogger(deps.log ?? silentLogger, tracing)
+  const storeSystem = deps.storeSystem ?? 'postgresql'
+  const log = deps.log ?? silentLogger
   const metrics = deps.metrics ?? noMetrics
   const rules = deps.rules ?? staticRules(deps.config)
   const authenticate = deps.authenticate ?? noAuthentication
@@ -91,7 +94,8 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: { template: string; id?: string } }): Promise<Answer> => {
     let answer: Answer | undefined
     try {
-      answer = await jobsApi!(request, requestId)
+      // A traced call's statements are spans under its own, and its log lines carry its ids.
+      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span) })
     } catch (err) {
       const problem = failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed')
       if (traced) endJobSpan(traced.span, request.method, traced.route, problem.status, problem.code)
@@ -105,8 +109,7 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
     const route = tracing.enabled ? jobRouteOf(request.method, request.url.pathname) : undefined
     if (!route) return serveJobs(request, requestId)
-    const span = startRequestSpan(tracing, request)
-    return tracing.within(span, () => serveJobs(request, requestId, { span, route }))
+    return serveJobs(request, requestId, { span: startRequestSpan(tracing, request), route })
   }
   const guard = deps.browserGuard
   const handle: HandleCommand = !guard ? routed : async (request, requestId) => {

@@ -25,15 +25,18 @@ export interface PipelineDeps {
   attest?: AttestationSigner
   /** Spans of each request (src/observe/tracing.ts); defaults to none. */
   tracing?: Tracing
+  /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
+  storeSystem?: string
 }
 
 /** The dependencies every step of the pipeline reads, with their defaults settled once. */
 export interface PipelineContext extends PipelineDeps {
   digest: Digest
   tracing: Tracing
+  storeSystem: string
   bodyLimit: number
 }
 
 export function contextOf(deps: PipelineDeps): PipelineContext {
-  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, bodyLimit: deps.config.server.max_request_body }
+  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body }
 }

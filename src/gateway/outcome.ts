@@ -31,8 +31,6 @@ export async function settleResponse(o: {
   held: Held
   upstream: Answer
   requestId: string
-  /** Keeps a streamed answer's completion in its request's trace (`Tracing.bind`). */
-  bind?: <F extends (...args: never[]) => unknown>(fn: F) => F
 }): Promise<Uint8Array | ReadableStream<Uint8Array> | null> {
   const { store, log, route, held, upstream, requestId } = o
   if (route.transient_statuses.includes(upstream.status)) {
@@ -60,8 +58,7 @@ export async function settleResponse(o: {
     if (!read.ok) throw new FencegateError('upstream_unreachable', "the upstream's answer broke off before its end; it was recorded as not replayable and is not executed again")
     return read.body
   }
-  // Recorded when the client's stream ends, after the pipeline returned.
-  return captureBody(upstream.body, route.max_stored_body, o.bind ? o.bind(record) : record)
+  return captureBody(upstream.body, route.max_stored_body, record)
 }
 
 function declaredLength(headers: HeaderView): number | undefined {

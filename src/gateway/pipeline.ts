@@ -20,6 +20,8 @@ import { withRetryHint } from './retry-hint.js'
 import type { Route } from './route.js'
 import { logDecision, type Trace } from './trace.js'
 import { startRequestSpan } from './spans.js'
+import { storeSpans } from '../observe/store-spans.js'
+import { correlatedLogger, type OpenSpan } from '../observe/tracing.js'
 import { forwardUpstream } from './upstream.js'
 
 export type { PipelineDeps } from './context.js'
@@ -50,13 +52,18 @@ export function createPipeline(deps: PipelineDeps) {
   const ctx = contextOf(deps)
   return function handle(request: Inbound, requestId: string): Promise<Answer> {
     const started = performance.now()
-    const trace: Trace = { requestId, method: request.method, path: request.url.pathname, span: startRequestSpan(ctx.tracing, request) }
-    // The store calls, the upstream's span and the log lines of the request all belong to its span.
-    return ctx.tracing.within(trace.span!, () => decide(ctx, request, trace, started))
+    const span = startRequestSpan(ctx.tracing, request)
+    const trace: Trace = { requestId, method: request.method, path: request.url.pathname, span }
+    return decide(ctx.tracing.enabled ? traced(ctx, span) : ctx, request, trace, started)
   }
 }
 
-/** One request through the steps, inside its span. */
+/** A traced command's context: its store calls are spans under its own, and its log lines carry its ids. */
+function traced(ctx: PipelineContext, span: OpenSpan): PipelineContext {
+  return { ...ctx, store: storeSpans(ctx.store, span, ctx.tracing, ctx.storeSystem), log: correlatedLogger(ctx.log, span) }
+}
+
+/** One request through the steps. */
 async function decide(ctx: PipelineContext, request: Inbound, trace: Trace, started: number): Promise<Answer> {
   const url = request.url
   const requestId = trace.requestId
@@ -165,7 +172,7 @@ async function respond(ctx: PipelineContext, request: Inbound, upstream: Answer,
   const headers = clientResponseHeaders(upstream.headers)
   headers.set('x-request-id', trace.requestId)
   echoIdempotencyKey(headers, request, rc)
-  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId, bind: ctx.tracing.bind }) : upstream.body
+  const responseBody = held ? await settleResponse({ store: ctx.store, log: ctx.log, route: rc, held, upstream, requestId: trace.requestId }) : upstream.body
   // A captured body ends only once its record is stored; a length would let the client finish earlier.
   if (held && responseBody !== upstream.body) headers.delete('content-length')
   logDecision(ctx, trace, 'forwarded', upstream.status, started)

@@ -96,16 +96,28 @@ export function redactedUrl(route: RouteConfig, target: string): string {
 }
 
 /** Starts the CLIENT span of one upstream attempt; its context goes into `headers` as `traceparent`. */
-export function startUpstreamSpan(tracing: Tracing, route: RouteConfig, method: string, target: string, headers: HeaderSink): OpenSpan {
-  if (!tracing.enabled) return tracing.client('', none, headers)
-  const origin = new URL(route.upstream.origin)
-  const port = origin.port !== '' ? Number(origin.port) : origin.protocol === 'https:' ? 443 : 80
-  return tracing.client(spanMethod(method), {
+export function startUpstreamSpan(tracing: Tracing, parent: OpenSpan, route: RouteConfig, method: string, target: string, headers: HeaderSink): OpenSpan {
+  if (!tracing.enabled) return tracing.client(parent, '', none, headers)
+  const { address, port } = serverOf(route)
+  return tracing.client(parent, spanMethod(method), {
     ...methodAttributes(method),
-    [ATTR_SERVER_ADDRESS]: origin.hostname.replace(/^\[|\]$/g, ''),
+    [ATTR_SERVER_ADDRESS]: address,
     [ATTR_SERVER_PORT]: port,
     [ATTR_URL_FULL]: redactedUrl(route, target),
   }, headers)
+}
+
+// A route's upstream host and port, parsed once per route rather than per command.
+const servers = new WeakMap<RouteConfig, { address: string; port: number }>()
+
+function serverOf(route: RouteConfig): { address: string; port: number } {
+  let server = servers.get(route)
+  if (!server) {
+    const origin = new URL(route.upstream.origin)
+    server = { address: origin.hostname.replace(/^\[|\]$/g, ''), port: origin.port !== '' ? Number(origin.port) : origin.protocol === 'https:' ? 443 : 80 }
+    servers.set(route, server)
+  }
+  return server
 }
 
 /** Ends an upstream attempt's span: a status of 400 or more is an error for a client span, typed by the status. */

@@ -67,7 +67,7 @@ export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: 
   if (route.config.attest && trace.fence !== undefined) await attest(ctx, o, trace, headers)
   const target = o.url.pathname + o.url.search
   // One attempt, one CLIENT span; its context replaces the caller's traceparent in `headers`.
-  const span = startUpstreamSpan(ctx.tracing, route.config, o.request.method, target, headers)
+  const span = startUpstreamSpan(ctx.tracing, trace.span!, route.config, o.request.method, target, headers)
   try {
     const answer = await ctx.forward({ route: route.config, target, method: o.request.method, headers, body: o.body })
     endUpstreamSpan(span, answer.status)

@@ -1,7 +1,5 @@
 import type { ProblemCode } from '../http/problems.js'
-import { ATTR_DB_OPERATION_NAME, ATTR_DB_RESPONSE_STATUS_CODE, ATTR_DB_SYSTEM_NAME } from '@opentelemetry/semantic-conventions'
-import { StoreError, type Db } from '../store/db.js'
-import type { OpenSpan, Tracing } from './tracing.js'
+import type { Db } from '../store/db.js'
 
 /** How a data-plane request ended: sent upstream, answered from a stored response, or refused. */
 export type RequestOutcome = 'forwarded' | 'replayed' | 'rejected'
@@ -67,62 +65,39 @@ export const noMetrics: Metrics = {
   rowsPurged() {},
 }
 
-/** Where store calls' spans go, and the database they name (`postgresql`, or `pglite` for the embedded store). */
-export interface StoreTracing {
-  tracing: Tracing
-  system: string
-}
-
 /**
- * Wraps every method of a store so each call reports its duration, named by the method
- * (`reserve`, `claimOne`), and, with `traced`, is a CLIENT span under the request's span
- * (`db.system.name`, `db.operation.name`: the call's name, never a parameter). The one place
- * store calls are timed and traced, at the edge, so no statement carries a timer or a span;
- * `close` is not a statement and is left alone, and a method that returns no promise is
- * passed through as it is.
+ * Wraps every method of a store so each call reports its duration, named by
+ * the method (`reserve`, `claimOne`). Timing at the edge keeps timers out of
+ * the statements; `close` is not a statement and is left alone, and a method
+ * that returns no promise is passed through as it is.
  *
  * @example
- * const store = instrument(createStore(db), metrics, { tracing, system: 'postgresql' })
+ * const store = instrument(createStore(db), metrics)
  * const jobs = instrument(createJobStore(db), metrics)
  */
-export function instrument<S extends object>(store: S, metrics: Metrics, traced?: StoreTracing): S {
+export function instrument<S extends object>(store: S, metrics: Metrics): S {
   const wrapped: Record<string, unknown> = {}
-  const tracing = traced?.tracing.enabled ? traced : undefined
   for (const [call, fn] of Object.entries(store)) {
     if (typeof fn !== 'function' || call === 'close') {
       wrapped[call] = fn
       continue
     }
-    const attributes = tracing && { [ATTR_DB_SYSTEM_NAME]: tracing.system, [ATTR_DB_OPERATION_NAME]: call }
     wrapped[call] = (...args: unknown[]) => {
       const started = performance.now()
-      const span = tracing?.tracing.store(call, attributes!)
       const result: unknown = (fn as (...a: unknown[]) => unknown)(...args)
       // Only calls that go to the database return a promise; anything else passes through untimed.
-      if (!(result instanceof Promise)) {
-        span?.end()
-        return result
-      }
+      if (!(result instanceof Promise)) return result
       const report = (failed: boolean) => metrics.storeCall({ call, durationMs: performance.now() - started, failed })
       return result.then((value: unknown) => {
         report(false)
-        span?.end()
         return value
       }, (err: unknown) => {
         report(true)
-        if (span) endFailedStoreSpan(span, err)
         throw err
       })
     }
   }
   return wrapped as S
-}
-
-/** A failed store call's span: the SQLSTATE (or driver code) as `db.response.status_code` and its type. */
-function endFailedStoreSpan(span: OpenSpan, err: unknown): void {
-  const code = err instanceof StoreError ? (err.sqlstate ?? err.driverCode) : undefined
-  span.set({ [ATTR_DB_RESPONSE_STATUS_CODE]: code })
-  span.end(code ?? (err as Error)?.name ?? 'error')
 }
 
 /** Counts read at scrape time, across tenants (tenants are never a label). */

@@ -1,6 +1,6 @@
 import {
   ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags,
-  type Context, type ContextManager, type Span, type TextMapGetter, type TextMapPropagator, type TextMapSetter, type Tracer,
+  type Context, type Span, type TextMapGetter, type TextMapPropagator, type TextMapSetter, type Tracer,
 } from '@opentelemetry/api'
 import { ATTR_ERROR_TYPE } from '@opentelemetry/semantic-conventions'
 import type { HeaderView } from '../http/exchange.js'
@@ -9,8 +9,6 @@ import type { HeaderSink, OpenSpan, SpanAttributes, Tracing } from './tracing.js
 /** What the OpenTelemetry tracing is built from; each runtime makes its own (src/runtime/node/tracing.ts). */
 export interface OtelParts {
   tracer: Tracer
-  /** Carries the active span across awaits. Held here rather than registered globally, so that two gateways in one process (tests) keep apart. */
-  contexts: ContextManager
   /** W3C Trace Context: reads the caller's `traceparent`, writes the upstream's. */
   propagator: TextMapPropagator
 }
@@ -26,9 +24,18 @@ const fromHeaders: TextMapGetter<HeaderView> = {
 
 const intoHeaders: TextMapSetter<HeaderSink> = { set: (carrier, key, value) => carrier.set(key, value) }
 
-/** An OpenTelemetry span behind the core's `OpenSpan`, with the context it is active in. */
+/** An OpenTelemetry span behind the core's `OpenSpan`, with the context its children start in. */
 class OtelSpan implements OpenSpan {
-  constructor(readonly span: Span, readonly context: Context) {}
+  readonly context: Context
+  readonly sampled: boolean
+  constructor(readonly span: Span, parent: Context) {
+    this.context = trace.setSpan(parent, span)
+    this.sampled = (span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0
+  }
+  get ids() {
+    const { traceId, spanId } = this.span.spanContext()
+    return { trace_id: traceId, span_id: spanId }
+  }
   set(attributes: SpanAttributes): void {
     for (const key in attributes) {
       const value = attributes[key]
@@ -56,55 +63,40 @@ function defined(attributes: SpanAttributes): Record<string, string | number | b
   return out
 }
 
+const contextOf = (parent: OpenSpan): Context => (parent instanceof OtelSpan ? parent.context : ROOT_CONTEXT)
+
 /**
- * The tracing seam on the OpenTelemetry API: spans from the given tracer, the active one kept by
- * the given context manager, trace context read and written by the given propagator. Nothing
- * here is global; runtime-neutral, so any runtime with a context manager can use it.
+ * The tracing seam on the OpenTelemetry API: spans from the given tracer, trace context read and
+ * written by the given propagator, each child started from the parent it is given. Nothing here
+ * is global and no context manager is needed; runtime-neutral.
  *
  * @example
- * const tracing = otelTracing({ tracer: provider.getTracer('fencegate'), contexts: new AsyncLocalStorageContextManager().enable(), propagator: new W3CTraceContextPropagator() })
+ * const tracing = otelTracing({ tracer: provider.getTracer('fencegate'), propagator: new W3CTraceContextPropagator() })
  */
 export function otelTracing(parts: OtelParts): Tracing {
-  const { tracer, contexts, propagator } = parts
-  const child = (kind: SpanKind, name: string, attributes: SpanAttributes): OtelSpan => {
-    const parent = contexts.active()
-    const span = tracer.startSpan(name, { kind, attributes: defined(attributes) }, parent)
-    return new OtelSpan(span, trace.setSpan(parent, span))
+  const { tracer, propagator } = parts
+  const child = (parent: OpenSpan, kind: SpanKind, name: string, attributes: SpanAttributes): OtelSpan => {
+    const context = contextOf(parent)
+    return new OtelSpan(tracer.startSpan(name, { kind, attributes: defined(attributes) }, context), context)
   }
   return {
     enabled: true,
     server(name, headers, attributes) {
       // An invalid or absent traceparent extracts nothing: the request starts a trace of its own.
       const parent = propagator.extract(ROOT_CONTEXT, headers, fromHeaders)
-      const span = tracer.startSpan(name, { kind: SpanKind.SERVER, attributes: defined(attributes) }, parent)
-      return new OtelSpan(span, trace.setSpan(parent, span))
+      return new OtelSpan(tracer.startSpan(name, { kind: SpanKind.SERVER, attributes: defined(attributes) }, parent), parent)
     },
-    within(span, fn) {
-      return span instanceof OtelSpan ? contexts.with(span.context, fn) : fn()
-    },
-    bind(fn) {
-      return contexts.bind(contexts.active(), fn)
-    },
-    client(name, attributes, headers) {
-      const span = child(SpanKind.CLIENT, name, attributes)
+    client(parent, name, attributes, headers) {
+      const span = child(parent, SpanKind.CLIENT, name, attributes)
       // Exactly one traceparent reaches the upstream: this span's, never the caller's as sent.
       headers.delete('traceparent')
       headers.delete('tracestate')
       propagator.inject(span.context, headers, intoHeaders)
       return span
     },
-    store(name, attributes) {
-      // Store calls outside a sampled request (the purge, gauges) are not traced: they would each be a trace of one span.
+    store(parent, name, attributes) {
       // Sampled, not recording: a streamed answer's completion is written after its request's span ended.
-      const parent = trace.getSpan(contexts.active())?.spanContext()
-      if (!parent || (parent.traceFlags & TraceFlags.SAMPLED) === 0) return undefined
-      return child(SpanKind.CLIENT, name, attributes)
-    },
-    activeIds() {
-      const span = trace.getSpan(contexts.active())
-      if (!span) return undefined
-      const { traceId, spanId } = span.spanContext()
-      return { trace_id: traceId, span_id: spanId }
+      return parent.sampled ? child(parent, SpanKind.CLIENT, name, attributes) : undefined
     },
   }
 }

@@ -39,10 +39,10 @@ export interface TestGateway {
 }
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; tracing?: Tracing; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; tracing?: Tracing; storeSystem?: string; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
   const undici = createUndiciForward()
   const authenticate = options.authenticate ?? noAuthentication
-  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}) })
+  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
   const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger), '127.0.0.1', 0, maxHeader)

@@ -95,7 +95,7 @@ export async function startGateway(options: {
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
   cluster?.shareMetrics(metrics.registry)
   const tracing = options.tracing?.tracing ?? noTracing
-  const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics, { tracing, system: db.kind === 'postgres' ? 'postgresql' : 'pglite' })
+  const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
   let rules: RuleRegistry
   try {
     rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })
@@ -105,12 +105,12 @@ export async function startGateway(options: {
   }
   const upstream = createUndiciForward()
   // Job completions of one turn share a statement, as idempotency completions do.
-  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics, { tracing, system: db.kind === 'postgres' ? 'postgresql' : 'pglite' })
+  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
   // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).
   const open = config.auth.mode === 'none'
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
-  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, ...(attest ? { attest } : {}), ...dataGuard })
+  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
   const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined

@@ -1,4 +1,3 @@
-import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks'
 import { ExportResultCode, W3CTraceContextPropagator } from '@opentelemetry/core'
 import { OTLPTraceExporter as JsonTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
 import { OTLPTraceExporter as ProtobufTraceExporter } from '@opentelemetry/exporter-trace-otlp-proto'
@@ -55,8 +54,8 @@ function exporterOf(settings: TracingSettings, log: Logger): SpanExporter {
 
 /**
  * Builds tracing from settings: the SDK's tracer with a batch processor in front of the OTLP
- * exporter, W3C Trace Context, and an AsyncLocalStorage context manager of its own (nothing is
- * registered globally, so the process's other OpenTelemetry users are left alone).
+ * exporter and W3C Trace Context. Nothing is registered globally (the process's other
+ * OpenTelemetry users are left alone), and no context manager is used: the core passes parents.
  *
  * @example
  * const { tracing, shutdown } = startTracing(settings, log)
@@ -68,15 +67,13 @@ export function startTracing(settings: TracingSettings, log: Logger): NodeTracin
     sampler: samplerOf(settings.sampler),
     spanProcessors: [new BatchSpanProcessor(exporterOf(settings, log), settings.batch)],
   })
-  const contexts = new AsyncLocalStorageContextManager().enable()
-  const tracing = otelTracing({ tracer: provider.getTracer('fencegate'), contexts, propagator: new W3CTraceContextPropagator() })
+  const tracing = otelTracing({ tracer: provider.getTracer('fencegate'), propagator: new W3CTraceContextPropagator() })
   return {
     tracing,
     // A failed export was logged by the exporter (trace_export_failed); it is no failure of the gateway's.
     flush: () => provider.forceFlush().catch(() => {}),
     async shutdown() {
       await provider.shutdown().catch(() => {})
-      contexts.disable()
     },
   }
 }
