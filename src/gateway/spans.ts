@@ -97,7 +97,8 @@ export function redactedUrl(route: RouteConfig, target: string): string {
 
 /** Starts the CLIENT span of one upstream attempt; its context goes into `headers` as `traceparent`. */
 export function startUpstreamSpan(tracing: Tracing, parent: OpenSpan, route: RouteConfig, method: string, target: string, headers: HeaderSink): OpenSpan {
-  if (!tracing.enabled) return tracing.client(parent, '', none, headers)
+  // Not sampled: the upstream still gets a traceparent, but nobody reads the attributes.
+  if (!parent.sampled) return tracing.client(parent, '', none, headers)
   const { address, port } = serverOf(route)
   return tracing.client(parent, spanMethod(method), {
     ...methodAttributes(method),
@@ -122,6 +123,7 @@ function serverOf(route: RouteConfig): { address: string; port: number } {
 
 /** Ends an upstream attempt's span: a status of 400 or more is an error for a client span, typed by the status. */
 export function endUpstreamSpan(span: OpenSpan, status: number): void {
+  if (!span.sampled) return
   span.set({ [ATTR_HTTP_RESPONSE_STATUS_CODE]: status })
   span.end(status >= 400 ? String(status) : undefined)
 }

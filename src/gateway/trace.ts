@@ -73,5 +73,6 @@ export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Traci
     entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
     duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
   })
-  if (ctx.tracing.enabled && trace.span) endRequestSpan(trace, code ?? (outcome === 'rejected' ? 'internal_error' : outcome), status, code, ctx.config.telemetry.entity)
+  // An unsampled span records nothing: its attributes are not even built.
+  if (trace.span?.sampled) endRequestSpan(trace, code ?? (outcome === 'rejected' ? 'internal_error' : outcome), status, code, ctx.config.telemetry.entity)
 }
