@@ -269,6 +269,9 @@ describe('parseConfig rejects invalid values, naming the field', () => {
     ['too many connections', { store: { max_connections: 101 } }, 'store.max_connections'],
     // log
     ['unknown log level', { log: { level: 'verbose' } }, 'log.level'],
+    // telemetry
+    ['telemetry.entity not a boolean', { telemetry: { entity: 'no' } }, 'telemetry.entity'],
+    ['an exporter in the file (OTEL_* only)', { telemetry: { exporter: 'otlp' } }, 'telemetry', 'exporter'],
     // unknown keys at every level
     ['unknown top-level key', { listen: 8080 }, '(root)', 'listen'],
     ['unknown server key', { server: { portt: 8080 } }, 'server', 'portt'],
@@ -530,7 +533,7 @@ describe('${VAR} expansion', () => {
     expect(config.server.host).toBe(value)
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'routes', 'entity_rules', 'job_types', 'job_retention', 'audit', 'fence_history'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'audit', 'fence_history'])
     expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'workers', 'allowed_hosts'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)

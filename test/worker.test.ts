@@ -102,6 +102,16 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
     expect(await openConnections()).toBe(0)
   })
 
+  it("continues the caller's trace to the upstream: traceparent and tracestate pass as sent (the Worker exports no spans)", async () => {
+    w = await createWorker(env())
+    const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
+    const res = await send(w, ctx, '/payments/7/capture', { fence: '1', headers: { traceparent, tracestate: 'vendor=abc' } })
+    expect(res.status).toBe(200)
+    expect(upstream.received[0]!.headers.traceparent).toBe(traceparent)
+    expect(upstream.received[0]!.headers.tracestate).toBe('vendor=abc')
+    await ctx.settled()
+  })
+
   it('answers a stale fence with 409 and never forwards it', async () => {
     w = await createWorker(env())
     expect((await send(w, ctx, '/payments/42/capture', { fence: '9' })).status).toBe(200)

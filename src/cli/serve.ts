@@ -8,6 +8,8 @@ import { loadUpstreamTls } from '../runtime/node/upstream-tls.js'
 import { workerCount, workerPool } from '../runtime/node/workers.js'
 import { createPinoLogger } from '../runtime/node/log.js'
 import { installProcessPolicy } from '../runtime/node/process-policy.js'
+import { nodeTracing } from '../runtime/node/tracing.js'
+import { tracingSettings } from '../runtime/node/tracing-env.js'
 import { portFlag, stringFlag, UsageError, type Flags } from './usage.js'
 
 /** `fencegate serve`: runs until SIGINT or SIGTERM, then drains and exits. */
@@ -21,6 +23,8 @@ export async function runServe(flags: Flags): Promise<number> {
   if (dataDir !== undefined) config.store.data_dir = dataDir
   const databaseUrl = databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env)
   const workers = workerCount(workersFlag(flags) ?? config.server.workers)
+  // The OTEL_* variables, read once and before any worker starts (docs/operations.md#traces): a value that cannot be used stops the start.
+  const traced = tracingSettings(process.env)
   if (workers > 1 && cluster.isPrimary) return supervise(config, workers, databaseUrl)
   const worker = clusterWorker()
   // The handlers go in before the gateway starts: a SIGTERM sent as soon as it logs
@@ -42,11 +46,13 @@ export async function runServe(flags: Flags): Promise<number> {
   if (worker) process.on('disconnect', () => shutdown())
   const log = createPinoLogger(config.log.level, undefined, worker ? { worker: worker.index } : undefined)
   installProcessPolicy(log)
+  const tracing = nodeTracing(traced, log)
   let gateway: Awaited<ReturnType<typeof startGateway>>
   try {
-    gateway = await startGateway({ config, log, databaseUrl, ...(worker ? { cluster: worker } : {}) })
+    gateway = await startGateway({ config, log, databaseUrl, tracing, ...(worker ? { cluster: worker } : {}) })
   } catch (err) {
     shutdown()
+    await tracing.shutdown().catch(() => {})
     throw err
   }
   worker?.ready()

@@ -1,4 +1,7 @@
+import { context, propagation, type TextMapSetter } from '@opentelemetry/api'
 import { GatewayUnreachable, ProblemError } from './errors.js'
+
+const intoHeaders: TextMapSetter<Headers> = { set: (headers, name, value) => headers.set(name, value) }
 
 /**
  * The fetch the SDK uses: the global one by default, or one injected (a proxy, a test's recorder).
@@ -50,8 +53,14 @@ export function pause(ms: number, signal?: AbortSignal): Promise<void> {
 export class JobApi {
   constructor(private readonly baseUrl: string, private readonly token: string | undefined, readonly fetch: FetchLike) {}
 
-  /** Adds the bearer token to requests for the gateway's own origin, never to other hosts. */
+  /**
+   * Adds the bearer token to requests for the gateway's own origin, never to other hosts, and the
+   * worker's trace context (`traceparent`, `tracestate`) from the active OpenTelemetry context,
+   * unless the caller set its own. Without an OpenTelemetry SDK registered in the worker's
+   * process the global propagator is a no-op and nothing is added.
+   */
   authorize(url: string, headers: Headers): void {
+    if (!headers.has('traceparent')) propagation.inject(context.active(), headers, intoHeaders)
     if (this.token && !headers.has('authorization') && new URL(url).origin === new URL(this.baseUrl).origin) {
       headers.set('authorization', `Bearer ${this.token}`)
     }

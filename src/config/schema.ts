@@ -54,6 +54,10 @@ export const configSchema = z.object({
   log: z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),
   }).strict().prefault({}),
+  // What spans may carry beyond identifiers of fencegate's own; the exporter is configured by OTEL_* (docs/operations.md#traces).
+  telemetry: z.object({
+    entity: z.boolean().default(true),
+  }).strict().prefault({}),
   routes: z.array(routeSchema).min(1, 'at least one route is required'),
   entity_rules: z.array(entityRuleSchema).default([]),
   job_types: z.array(jobTypeSchema).default([]),

@@ -4,11 +4,14 @@ import type { Digest } from '../http/body.js'
 import type { Config } from '../config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
-import { createJobsApi, jobsPath } from '../leases/api.js'
+import { createJobsApi, jobRouteOf, jobsPath } from '../leases/api.js'
 import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
+import { storeSpans } from '../observe/store-spans.js'
+import { correlatedLogger, noTracing, type OpenSpan, type Tracing } from '../observe/tracing.js'
+import { endJobSpan, startRequestSpan } from './spans.js'
 import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
 import { FencegateError, problemAnswer, problemResponse } from '../http/problems.js'
@@ -39,6 +42,10 @@ export interface AppDeps {
   attest?: AttestationSigner
   /** Without auth, keeps web pages out (src/http/browser-guard.ts); Node passes one, a public Worker none. */
   browserGuard?: BrowserGuard
+  /** Spans per request (src/observe/tracing.ts); defaults to none. Node passes OpenTelemetry's when configured. */
+  tracing?: Tracing
+  /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
+  storeSystem?: string
 }
 
 export type AppEnv = { Variables: { requestId: string } }
@@ -76,22 +83,33 @@ export type HandleCommand = (request: Inbound, requestId: string) => Promise<Ans
  * const { app, handle } = createDataPlane({ config, store, forward })
  */
 export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: HandleCommand } {
+  const tracing = deps.tracing ?? noTracing
+  const storeSystem = deps.storeSystem ?? 'postgresql'
   const log = deps.log ?? silentLogger
   const metrics = deps.metrics ?? noMetrics
   const rules = deps.rules ?? staticRules(deps.config)
   const authenticate = deps.authenticate ?? noAuthentication
-  const command = createPipeline({ ...deps, authenticate, rules, log, metrics })
+  const command = createPipeline({ ...deps, authenticate, rules, log, metrics, tracing })
   const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics, audit: (r) => deps.store.recordRejection(r) })
+  const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: { template: string; id?: string } }): Promise<Answer> => {
+    let answer: Answer | undefined
+    try {
+      // A traced call's statements are spans under its own, and its log lines carry its ids.
+      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span) })
+    } catch (err) {
+      const problem = failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed')
+      if (traced) endJobSpan(traced.span, request.method, traced.route, problem.status, problem.code)
+      return problemAnswer(problem, requestId, { accept: request.headers.get('accept') })
+    }
+    if (traced && answer) endJobSpan(traced.span, request.method, traced.route, answer.status)
+    return answer ?? command(request, requestId)
+  }
   const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
     // A path under the job API's prefix that is none of its routes goes on to the pipeline (no_route).
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
-    let answer: Answer | undefined
-    try {
-      answer = await jobsApi(request, requestId)
-    } catch (err) {
-      return problemAnswer(failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed'), requestId, { accept: request.headers.get('accept') })
-    }
-    return answer ?? command(request, requestId)
+    const route = tracing.enabled ? jobRouteOf(request.method, request.url.pathname) : undefined
+    if (!route) return serveJobs(request, requestId)
+    return serveJobs(request, requestId, { span: startRequestSpan(tracing, request), route })
   }
   const guard = deps.browserGuard
   const handle: HandleCommand = !guard ? routed : async (request, requestId) => {

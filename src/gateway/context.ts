@@ -5,6 +5,7 @@ import type { Forward } from './forward.js'
 import type { Authenticate } from '../http/identity.js'
 import type { Logger } from '../observe/log.js'
 import type { Metrics } from '../observe/metrics.js'
+import { noTracing, type Tracing } from '../observe/tracing.js'
 import type { RuleSource } from '../rules/registry.js'
 import type { Store } from '../store/store.js'
 
@@ -22,14 +23,20 @@ export interface PipelineDeps {
   digest?: Digest
   /** Signs `Fence-Attestation` for routes with `attest: true`; absent when the gateway has no attestation key. */
   attest?: AttestationSigner
+  /** Spans of each request (src/observe/tracing.ts); defaults to none. */
+  tracing?: Tracing
+  /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
+  storeSystem?: string
 }
 
 /** The dependencies every step of the pipeline reads, with their defaults settled once. */
 export interface PipelineContext extends PipelineDeps {
   digest: Digest
+  tracing: Tracing
+  storeSystem: string
   bodyLimit: number
 }
 
 export function contextOf(deps: PipelineDeps): PipelineContext {
-  return { ...deps, digest: deps.digest ?? sha256Hex, bodyLimit: deps.config.server.max_request_body }
+  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body }
 }

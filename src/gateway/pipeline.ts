@@ -19,6 +19,9 @@ import { answerReservation, reserve } from './reservation.js'
 import { withRetryHint } from './retry-hint.js'
 import type { Route } from './route.js'
 import { logDecision, type Trace } from './trace.js'
+import { startRequestSpan } from './spans.js'
+import { storeSpans } from '../observe/store-spans.js'
+import { correlatedLogger, type OpenSpan } from '../observe/tracing.js'
 import { forwardUpstream } from './upstream.js'
 
 export type { PipelineDeps } from './context.js'
@@ -49,43 +52,55 @@ interface HeldBody {
  */
 export function createPipeline(deps: PipelineDeps) {
   const ctx = contextOf(deps)
-  return async function handle(request: Inbound, requestId: string): Promise<Answer> {
+  return function handle(request: Inbound, requestId: string): Promise<Answer> {
     const started = performance.now()
-    const url = request.url
-    const trace: Trace = { requestId, method: request.method, path: url.pathname }
-    try {
-      // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
-      const { route, params, rules } = matchRoute(ctx, request, url, trace)
-      // 2. Identity: the tenant comes from the verified token, never from the request.
-      trace.identity = await ctx.authenticate(request)
-      if (route.config.scopes.length > 0) await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
-      // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
-      const body = await takeBody(ctx, request, route, trace)
-      // 4. Fence and key: parse both, resolve the entity, then reserve in one store call.
-      const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes }, trace, rules) : {}
-      if (reserved.replay) {
-        echoIdempotencyKey(reserved.replay.headers, request, route.config)
-        hintReplay(reserved.replay.headers, route.config)
-        logDecision(ctx, trace, 'replayed', reserved.replay.status, started)
-        return reserved.replay
-      }
-      const held = reserved.held
-      // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
-      const slot = trace.ordering === 'serialize' ? await takeDeliverySlot(ctx, trace, held) : undefined
-      // 5. Forward to the route's upstream.
-      let upstream: Answer
-      try {
-        upstream = await forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace)
-      } finally {
-        // The upstream has answered (or failed): the next command for this entity may go.
-        if (slot) await giveSlotBack(ctx.store, ctx.log, requestId, slot)
-      }
-      // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
-      return await respond(ctx, request, upstream, held, trace, started)
-    } catch (err) {
-      const accept = request.headers.get('accept')
-      return problemAnswer(rejected(ctx, err, request, trace, started), requestId, { envelope: trace.route?.config.error_envelope, accept })
+    const span = startRequestSpan(ctx.tracing, request)
+    const trace: Trace = { requestId, method: request.method, path: request.url.pathname, span }
+    return decide(ctx.tracing.enabled ? traced(ctx, span) : ctx, request, trace, started)
+  }
+}
+
+/** A traced command's context: its store calls are spans under its own, and its log lines carry its ids. */
+function traced(ctx: PipelineContext, span: OpenSpan): PipelineContext {
+  return { ...ctx, store: storeSpans(ctx.store, span, ctx.tracing, ctx.storeSystem), log: correlatedLogger(ctx.log, span) }
+}
+
+/** One request through the steps. */
+async function decide(ctx: PipelineContext, request: Inbound, trace: Trace, started: number): Promise<Answer> {
+  const url = request.url
+  const requestId = trace.requestId
+  try {
+    // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
+    const { route, params, rules } = matchRoute(ctx, request, url, trace)
+    // 2. Identity: the tenant comes from the verified token, never from the request.
+    trace.identity = await ctx.authenticate(request)
+    if (route.config.scopes.length > 0) await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
+    // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
+    const body = await takeBody(ctx, request, route, trace)
+    // 4. Fence and key: parse both, resolve the entity, then reserve in one store call.
+    const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes }, trace, rules) : {}
+    if (reserved.replay) {
+      echoIdempotencyKey(reserved.replay.headers, request, route.config)
+      hintReplay(reserved.replay.headers, route.config)
+      logDecision(ctx, trace, 'replayed', reserved.replay.status, started)
+      return reserved.replay
     }
+    const held = reserved.held
+    // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
+    const slot = trace.ordering === 'serialize' ? await takeDeliverySlot(ctx, trace, held) : undefined
+    // 5. Forward to the route's upstream.
+    let upstream: Answer
+    try {
+      upstream = await forwardUpstream(ctx, { request, url, route, body: body.body, bodyExceeded: body.exceeded, held }, trace)
+    } finally {
+      // The upstream has answered (or failed): the next command for this entity may go.
+      if (slot) await giveSlotBack(ctx.store, ctx.log, requestId, slot)
+    }
+    // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
+    return await respond(ctx, request, upstream, held, trace, started)
+  } catch (err) {
+    const accept = request.headers.get('accept')
+    return problemAnswer(rejected(ctx, err, request, trace, started), requestId, { envelope: trace.route?.config.error_envelope, accept })
   }
 }
 

@@ -19,6 +19,8 @@ export async function reserve(ctx: Pick<PipelineContext, 'store' | 'metrics'>, c
     addElapsed(trace, 'storeMs', started)
   }
   if (command.fence !== null && r.kind !== 'stale' && r.kind !== 'lease_expired') ctx.metrics.highestFenceUpdated({ route: command.route })
+  // The key's part of the decision, for the request's span: a refused fence decided nothing about it.
+  if (command.idempotency && r.kind !== 'stale' && r.kind !== 'lease_expired') trace.idempotencyOutcome = r.kind === 'proceed' ? 'reserved' : r.kind
   return r
 }
 

@@ -1,8 +1,11 @@
+import type { Config } from '../config/schema.js'
 import type { Identity } from '../http/identity.js'
 import type { ProblemCode } from '../http/problems.js'
 import type { Logger } from '../observe/log.js'
 import type { Metrics, RequestOutcome } from '../observe/metrics.js'
+import type { OpenSpan, Tracing } from '../observe/tracing.js'
 import type { Route } from './route.js'
+import { endRequestSpan } from './spans.js'
 
 /** What the pipeline learned about a request; logged once per decision, never with a body. */
 export interface Trace {
@@ -26,6 +29,10 @@ export interface Trace {
   /** Milliseconds spent in store statements and in the forward step, for the decision's log line. */
   storeMs?: number
   upstreamMs?: number
+  /** The request's SERVER span (a no-op one when tracing is off); ended with the decision. */
+  span?: OpenSpan
+  /** What the store decided about the Idempotency-Key, when one was presented (`reserved`, `replay`, `in_progress`...). */
+  idempotencyOutcome?: string
 }
 
 /** Runs a step, adding its duration to the trace's store or upstream time, whether it succeeds or throws. */
@@ -56,7 +63,7 @@ function roundMs(ms: number | undefined): number | undefined {
 }
 
 /** The decision's one log line and its metrics: identifiers, hashes and durations, never a body. */
-export function logDecision(ctx: { log: Logger; metrics: Metrics }, trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
+export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Tracing; config: Config }, trace: Trace, outcome: RequestOutcome, status: number, started: number, code?: ProblemCode): void {
   const durationMs = performance.now() - started
   const route = trace.route?.config.name
   ctx.metrics.request({ route, outcome, code, durationMs })
@@ -66,4 +73,6 @@ export function logDecision(ctx: { log: Logger; metrics: Metrics }, trace: Trace
     entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
     duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
   })
+  // An unsampled span records nothing: its attributes are not even built.
+  if (trace.span?.sampled) endRequestSpan(trace, code ?? (outcome === 'rejected' ? 'internal_error' : outcome), status, code, ctx.config.telemetry.entity)
 }

@@ -9,6 +9,7 @@ import { fenceHeader } from './fence.js'
 import { ForwardError, upstreamRequestHeaders } from './forward.js'
 import { logged } from './outcome.js'
 import { forwardFailureRetry } from './retry-hint.js'
+import { endUpstreamSpan, startUpstreamSpan } from './spans.js'
 import type { Route } from './route.js'
 import { addElapsed, type Trace } from './trace.js'
 
@@ -65,10 +66,17 @@ export async function forwardUpstream(ctx: PipelineContext, o: Outgoing, trace: 
   const started = performance.now()
   const headers = outgoingHeaders(o, trace)
   if (route.config.attest && trace.fence !== undefined) await attest(ctx, o, trace, headers)
+  const target = o.url.pathname + o.url.search
+  // One attempt, one CLIENT span; its context replaces the caller's traceparent in `headers`.
+  const span = startUpstreamSpan(ctx.tracing, trace.span!, route.config, o.request.method, target, headers)
   try {
-    return await ctx.forward({ route: route.config, target: o.url.pathname + o.url.search, method: o.request.method, headers, body: o.body })
+    const answer = await ctx.forward({ route: route.config, target, method: o.request.method, headers, body: o.body })
+    endUpstreamSpan(span, answer.status)
+    return answer
   } catch (err) {
-    if (o.bodyExceeded()) throw new FencegateError('body_too_large', `the request body exceeds ${ctx.bodyLimit} bytes`)
+    const exceeded = o.bodyExceeded()
+    span.end(exceeded ? 'body_too_large' : err instanceof ForwardError ? err.kind : (err as Error)?.name ?? 'error')
+    if (exceeded) throw new FencegateError('body_too_large', `the request body exceeds ${ctx.bodyLimit} bytes`)
     if (!(err instanceof ForwardError)) throw err
     if (held) await logged(ctx.log, trace.requestId, err.sent ? 'mark_unknown' : 'release', () => (err.sent ? ctx.store.markUnknown(held) : ctx.store.release(held)))
     // Not transient: the same certificates fail the same way until an operator changes them.

@@ -28,8 +28,11 @@ export interface JobsApiDeps {
   audit?: ((rejection: Rejection) => Promise<void>) | undefined
 }
 
-/** The job API's handler: an answer, or undefined when no job route matches (the caller's router goes on). */
-export type JobsApi = (request: Inbound, requestId: string) => Promise<Answer | undefined>
+/**
+ * The job API's handler: an answer, or undefined when no job route matches (the caller's router
+ * goes on). `scope` replaces the statements and the logger for this call (a traced call's spans and log ids).
+ */
+export type JobsApi = (request: Inbound, requestId: string, scope?: { jobs: JobStore; log: Logger }) => Promise<Answer | undefined>
 
 
 /**
@@ -58,13 +61,13 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
       })
     },
   }
-  return async (request, requestId) => {
+  return async (request, requestId, scope) => {
     const found = routeOf(request.method, request.url.pathname)
     if (!found) return undefined
     const identity = await authenticate(request)
     const jobId = found.id === undefined ? '' : jobIdOf(found.id)
     try {
-      return await found.route(ctx, { request, requestId, identity, jobId })
+      return await found.route(scope ? { ...ctx, ...scope } : ctx, { request, requestId, identity, jobId })
     } catch (err) {
       if (err instanceof FencegateError && refusedCaller.has(err.code)) await auditRefusal(deps, err.code, request, requestId, identity, jobId)
       throw err
@@ -108,6 +111,20 @@ const perJob = new Map<string, Map<string, JobRoute>>([
   ['/release', new Map([['POST', scoped(jobScopes.work, release)]])],
   ['/cancel', new Map([['POST', scoped(jobScopes.cancel, cancel)]])],
 ])
+
+/**
+ * The job API's route a request is for, as a template (`/_fencegate/jobs/{job_id}/heartbeat`),
+ * with the job id as written in the path; undefined when it is none of them. For span names.
+ *
+ * @example
+ * jobRouteOf('POST', '/_fencegate/jobs/42/heartbeat') // { template: '/_fencegate/jobs/{job_id}/heartbeat', id: '42' }
+ */
+export function jobRouteOf(method: string, pathname: string): { template: string; id?: string } | undefined {
+  const found = routeOf(method, pathname)
+  if (!found) return undefined
+  if (found.id === undefined) return { template: pathname }
+  return { template: `${jobsPath}/{job_id}${pathname.slice(jobsPath.length + 1 + found.id.length)}`, id: found.id }
+}
 
 /** `/_fencegate/jobs`, `/bulk`, `/claim`, then `/:id` and `/:id/<verb>`; exact paths, no trailing slash. */
 function routeOf(method: string, pathname: string): { route: JobRoute; id?: string } | undefined {

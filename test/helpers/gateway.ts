@@ -7,6 +7,7 @@ import type { Forward } from '../../src/gateway/forward.js'
 import { noAuthentication, type Authenticate } from '../../src/http/identity.js'
 import type { JobStore } from '../../src/leases/store.js'
 import { silentLogger, type Logger } from '../../src/observe/log.js'
+import type { Tracing } from '../../src/observe/tracing.js'
 import { dataPlaneListener, honoListener, listen } from '../../src/runtime/node/gateway.js'
 import { createUndiciForward } from '../../src/runtime/node/forward.js'
 import { loadUpstreamTls } from '../../src/runtime/node/upstream-tls.js'
@@ -39,10 +40,10 @@ export interface TestGateway {
 }
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; tracing?: Tracing; storeSystem?: string; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
   const undici = createUndiciForward({ tls: loadUpstreamTls(options.config.routes) })
   const authenticate = options.authenticate ?? noAuthentication
-  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}) })
+  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
   const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger), '127.0.0.1', 0, maxHeader)

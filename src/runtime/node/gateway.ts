@@ -13,10 +13,12 @@ import { nodeDataPlane } from './data-plane.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
+import { noTracing } from '../../observe/tracing.js'
 import { createPinoLogger } from './log.js'
 import { createPromMetrics } from './metrics.js'
 import { createUndiciForward } from './forward.js'
 import { loadUpstreamTls } from './upstream-tls.js'
+import type { NodeTracing } from './tracing.js'
 import { nodeSha256Hex } from './hash.js'
 import { storeCode, type Db } from '../../store/db.js'
 import { migrate } from '../../store/migrate.js'
@@ -71,6 +73,8 @@ export async function startGateway(options: {
   rulesCheckEveryMs?: number
   /** This process's role as one of `server.workers` (src/runtime/node/cluster-worker.ts). */
   cluster?: ClusterWorker
+  /** Spans per request (`tracingFromEnv`, src/runtime/node/tracing.ts); none by default. The gateway flushes it when it closes. */
+  tracing?: NodeTracing
 }): Promise<RunningGateway> {
   const { cluster } = options
   const { config } = options
@@ -92,6 +96,7 @@ export async function startGateway(options: {
   })
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
   cluster?.shareMetrics(metrics.registry)
+  const tracing = options.tracing?.tracing ?? noTracing
   const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
   let rules: RuleRegistry
   try {
@@ -107,7 +112,7 @@ export async function startGateway(options: {
   const open = config.auth.mode === 'none'
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
-  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, ...(attest ? { attest } : {}), ...dataGuard })
+  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
   const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined
@@ -148,7 +153,8 @@ export async function startGateway(options: {
       durability.close()
       await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
       // Each part closes even when one before it failed: a store left open keeps the process alive.
-      for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()]] as const) {
+      // Tracing last: the spans of the requests that just drained are exported before the process ends.
+      for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()], ['tracing', () => options.tracing?.shutdown() ?? Promise.resolve()]] as const) {
         await close().catch((err: unknown) => log.warn('close_failed', { part, store_code: storeCode(err) }))
       }
     },

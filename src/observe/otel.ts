@@ -1,0 +1,102 @@
+import {
+  ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags,
+  type Context, type Span, type TextMapGetter, type TextMapPropagator, type TextMapSetter, type Tracer,
+} from '@opentelemetry/api'
+import { ATTR_ERROR_TYPE } from '@opentelemetry/semantic-conventions'
+import type { HeaderView } from '../http/exchange.js'
+import type { HeaderSink, OpenSpan, SpanAttributes, Tracing } from './tracing.js'
+
+/** What the OpenTelemetry tracing is built from; each runtime makes its own (src/runtime/node/tracing.ts). */
+export interface OtelParts {
+  tracer: Tracer
+  /** W3C Trace Context: reads the caller's `traceparent`, writes the upstream's. */
+  propagator: TextMapPropagator
+}
+
+const fromHeaders: TextMapGetter<HeaderView> = {
+  get: (carrier, key) => carrier.get(key) ?? undefined,
+  keys: (carrier) => {
+    const names: string[] = []
+    carrier.forEach((_value, name) => names.push(name))
+    return names
+  },
+}
+
+const intoHeaders: TextMapSetter<HeaderSink> = { set: (carrier, key, value) => carrier.set(key, value) }
+
+/** An OpenTelemetry span behind the core's `OpenSpan`, with the context its children start in. */
+class OtelSpan implements OpenSpan {
+  readonly context: Context
+  readonly sampled: boolean
+  constructor(readonly span: Span, parent: Context) {
+    this.context = trace.setSpan(parent, span)
+    this.sampled = (span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0
+  }
+  get ids() {
+    const { traceId, spanId } = this.span.spanContext()
+    return { trace_id: traceId, span_id: spanId }
+  }
+  set(attributes: SpanAttributes): void {
+    for (const key in attributes) {
+      const value = attributes[key]
+      if (value !== undefined) this.span.setAttribute(key, value)
+    }
+  }
+  rename(name: string): void {
+    this.span.updateName(name)
+  }
+  end(error?: string): void {
+    if (error !== undefined) {
+      this.span.setAttribute(ATTR_ERROR_TYPE, error)
+      this.span.setStatus({ code: SpanStatusCode.ERROR, message: error })
+    }
+    this.span.end()
+  }
+}
+
+function defined(attributes: SpanAttributes): Record<string, string | number | boolean> {
+  const out: Record<string, string | number | boolean> = {}
+  for (const key in attributes) {
+    const value = attributes[key]
+    if (value !== undefined) out[key] = value
+  }
+  return out
+}
+
+const contextOf = (parent: OpenSpan): Context => (parent instanceof OtelSpan ? parent.context : ROOT_CONTEXT)
+
+/**
+ * The tracing seam on the OpenTelemetry API: spans from the given tracer, trace context read and
+ * written by the given propagator, each child started from the parent it is given. Nothing here
+ * is global and no context manager is needed; runtime-neutral.
+ *
+ * @example
+ * const tracing = otelTracing({ tracer: provider.getTracer('fencegate'), propagator: new W3CTraceContextPropagator() })
+ */
+export function otelTracing(parts: OtelParts): Tracing {
+  const { tracer, propagator } = parts
+  const child = (parent: OpenSpan, kind: SpanKind, name: string, attributes: SpanAttributes): OtelSpan => {
+    const context = contextOf(parent)
+    return new OtelSpan(tracer.startSpan(name, { kind, attributes: defined(attributes) }, context), context)
+  }
+  return {
+    enabled: true,
+    server(name, headers, attributes) {
+      // An invalid or absent traceparent extracts nothing: the request starts a trace of its own.
+      const parent = propagator.extract(ROOT_CONTEXT, headers, fromHeaders)
+      return new OtelSpan(tracer.startSpan(name, { kind: SpanKind.SERVER, attributes: defined(attributes) }, parent), parent)
+    },
+    client(parent, name, attributes, headers) {
+      const span = child(parent, SpanKind.CLIENT, name, attributes)
+      // Exactly one traceparent reaches the upstream: this span's, never the caller's as sent.
+      headers.delete('traceparent')
+      headers.delete('tracestate')
+      propagator.inject(span.context, headers, intoHeaders)
+      return span
+    },
+    store(parent, name, attributes) {
+      // Sampled, not recording: a streamed answer's completion is written after its request's span ended.
+      return parent.sampled ? child(parent, SpanKind.CLIENT, name, attributes) : undefined
+    },
+  }
+}
