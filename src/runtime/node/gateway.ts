@@ -10,6 +10,7 @@ import { createAuthenticator, type VerificationKeys } from '../../http/identity.
 import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
+import type { Lingering } from './linger.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -113,7 +114,8 @@ export async function startGateway(options: {
   let adminServer: Server | undefined
   try {
     // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
-    data = await listen(dataPlaneListener(plane, log), config.server.host, config.server.port, config.server.max_header_bytes)
+    const linger = { timeMs: config.server.lingering_time, timeoutMs: config.server.lingering_timeout }
+    data = await listen(dataPlaneListener(plane, log, linger), config.server.host, config.server.port, config.server.max_header_bytes)
     adminServer = await listen(honoListener(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
   } catch (err) {
     data?.close()
@@ -179,8 +181,8 @@ type HonoFetch = (request: Request, env: never) => Response | Promise<Response>
  * @example
  * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
  */
-export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger): RequestListener {
-  return guardTargets(nodeDataPlane({ handle: plane.handle, log }))
+export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger, linger?: Lingering): RequestListener {
+  return guardTargets(nodeDataPlane({ handle: plane.handle, log, ...(linger ? { linger } : {}) }))
 }
 
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */
