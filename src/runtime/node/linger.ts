@@ -20,7 +20,8 @@ export const defaultLingering: Lingering = { timeMs: 30_000, timeoutMs: 5_000 }
  *
  * A connection kept alive serves its next request once the body ended. One that closes (the
  * client sent `Connection: close`) gets Node's half close after the answer, and is destroyed
- * only when the client closes too; Node would destroy it as soon as the answer was written.
+ * once the body ended (or the client closed); Node would destroy it as soon as the answer was
+ * written.
  * Either way a client that keeps sending longer than `timeMs` in all, or pauses longer than
  * `timeoutMs`, is cut off. Call it before writing the answer, so it sees the answer finish.
  *
@@ -47,14 +48,20 @@ export function lingerOnBody(incoming: IncomingMessage, res: ServerResponse, lin
     clearTimeout(idle)
     idle = setTimeout(cut, linger.timeoutMs).unref()
   }
-  // Read to its end: a kept-alive connection is in step again; a closing one waits for the client (or the idle bound).
+  // Read to its end: a kept-alive connection is in step again; a closing one closes now that no
+  // byte is left unread (once the answer is written, as Node's destroySoon would have).
   const ended = () => {
-    if (!closing) stop()
+    stop()
+    if (!closing) return
+    if (socket.writableFinished) socket.destroy()
+    else socket.once('finish', () => socket.destroy())
   }
   const total = setTimeout(cut, linger.timeMs).unref()
   // Node's own 'finish' listener ran first: for a connection that closes it called destroySoon(),
-  // which ends the socket (the half close) and destroys it once written. The destroy waits here.
+  // which ends the socket (the half close) and destroys it once written. While body bytes are
+  // still coming, the destroy waits here for their end.
   res.once('finish', () => {
+    if (incoming.readableEnded || socket.destroyed) return
     closing = socket.listeners('finish').includes(socket.destroy)
     if (closing) socket.removeListener('finish', socket.destroy)
     // Node's dump of an unread request removed its 'data' listeners, this one too.
