@@ -52,6 +52,12 @@ export interface RunningGateway {
   dataUrl: string
   adminUrl: string
   store: Store
+  /**
+   * Reads every route's `upstream_tls` files again (rotated certificates; `fencegate serve` calls
+   * it on SIGHUP) and uses them for new connections. Files that fail to load change nothing: the
+   * old ones stay in use, and the problems are logged as `upstream_tls_reload_failed`.
+   */
+  reloadUpstreamTls(): boolean
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes pools and the store. */
   close(graceMs?: number): Promise<void>
 }
@@ -145,6 +151,16 @@ export async function startGateway(options: {
     dataUrl,
     adminUrl,
     store,
+    reloadUpstreamTls() {
+      try {
+        upstream.replaceTls(loadUpstreamTls(config.routes))
+      } catch (err) {
+        log.error('upstream_tls_reload_failed', { problems: err instanceof ConfigError ? err.problems.join('; ') : (err as Error)?.name ?? 'error' })
+        return false
+      }
+      log.info('upstream_tls_reloaded', { routes: config.routes.filter((r) => r.upstream_tls).length })
+      return true
+    },
     async close(graceMs = 10_000) {
       clearInterval(purge)
       durability.close()
