@@ -6,7 +6,7 @@ import { HeaderList } from '../../http/header-list.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 import { upstreamTlsKey } from '../../config/upstream-tls.js'
-import { httpsConnector, UpstreamTlsError, type UpstreamTlsMaterial } from './upstream-tls.js'
+import { httpsConnector, UpstreamTlsError, type TlsMaterial, type UpstreamTlsMaterial } from './upstream-tls.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
@@ -43,13 +43,7 @@ export function createUndiciForward(options: { connections?: number; tls?: Upstr
       const material = tlsKey ? tls?.get(tlsKey) : undefined
       // Its files are read at start; a route without them here was wired without loadUpstreamTls.
       if (tlsKey && !material) throw new Error(`no TLS material loaded for route ${route.name}`)
-      const https = route.upstream.origin.startsWith('https:')
-      pool = new Pool(route.upstream.origin, {
-        connections: options.connections ?? 128,
-        connect: https ? httpsConnector(material, route.timeout_ms) : { timeout: route.timeout_ms },
-        headersTimeout: route.timeout_ms,
-        bodyTimeout: route.timeout_ms,
-      })
+      pool = poolOf(route, material, options.connections ?? 128)
       pools.set(key, pool)
     }
     return pool
@@ -103,6 +97,17 @@ export function createUndiciForward(options: { connections?: number; tls?: Upstr
       pools.clear()
     },
   }
+}
+
+/** A route's pool: timeouts from `timeout_ms`, an https origin through the connector that tells handshake failures apart. */
+function poolOf(route: RouteConfig, material: TlsMaterial | undefined, connections: number): Pool {
+  const https = route.upstream.origin.startsWith('https:')
+  return new Pool(route.upstream.origin, {
+    connections,
+    connect: https ? httpsConnector(material, route.timeout_ms) : { timeout: route.timeout_ms },
+    headersTimeout: route.timeout_ms,
+    bodyTimeout: route.timeout_ms,
+  })
 }
 
 /**
