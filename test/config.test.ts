@@ -64,6 +64,8 @@ describe('parseConfig defaults', () => {
       admin_port: 8081,
       max_request_body: 1024 * 1024,
       max_header_bytes: 16 * 1024,
+      lingering_time: 30_000,
+      lingering_timeout: 5_000,
       workers: 1,
       allowed_hosts: [],
     })
@@ -124,7 +126,7 @@ describe('parseConfig defaults', () => {
 
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
-    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, workers: 1, allowed_hosts: [] })
+    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [] })
     expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
   })
 
@@ -534,7 +536,7 @@ describe('${VAR} expansion', () => {
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
     expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'audit', 'fence_history'])
-    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'workers', 'allowed_hosts'])
+    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
   })

@@ -1,3 +1,6 @@
+import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { ConfigError } from '../src/config/schema.js'
 import { silentLogger } from '../src/observe/log.js'
@@ -7,6 +10,7 @@ import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { makeTestPki, type TestPki } from './helpers/tls.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
 
 /**
  * Per-route upstream TLS against a real `node:https` upstream that requires a client
@@ -157,3 +161,71 @@ describe.each(backends())('upstream TLS ($name)', (backend) => {
     expect(problems(client())).toEqual([])
   })
 })
+
+/**
+ * Rotation without a restart: `fencegate serve` reads the files again on SIGHUP. Run as its
+ * own process (the built CLI), since the signal is the process's.
+ */
+describe('upstream TLS files read again on SIGHUP', () => {
+  let pki: TestPki
+  let mtls: TestUpstream
+  let gw: GatewayProcess | undefined
+
+  beforeAll(async () => {
+    pki = makeTestPki()
+    mtls = await startUpstream(undefined, { tls: { cert: pki.read(pki.server.certFile), key: pki.read(pki.server.keyFile), ca: pki.read(pki.caFile), requestCert: true, rejectUnauthorized: true } })
+  })
+  afterAll(async () => {
+    await gw?.stop()
+    await mtls?.close()
+    pki?.remove()
+  })
+
+  /** Resolves with the first log line of `event` printed from now on. */
+  function nextLine(p: GatewayProcess, event: string): Promise<Record<string, unknown>> {
+    return new Promise((resolve) => {
+      const seen = p.lines.length
+      const check = () => {
+        const line = p.lines.slice(seen).map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.event === event)
+        if (!line) return
+        p.child.stdout!.off('data', onData)
+        resolve(line)
+      }
+      // The helper parses lines on the same event; look once it has.
+      const onData = () => setImmediate(check)
+      p.child.stdout!.on('data', onData)
+    })
+  }
+
+  it('a rotated client certificate is used after SIGHUP; files that do not load leave the last good ones in use', async () => {
+    const live = { cert: join(pki.dir, 'live.crt'), key: join(pki.dir, 'live.key') }
+    // First a certificate the upstream's CA did not sign.
+    copyFileSync(pki.rogue.certFile, live.cert)
+    copyFileSync(pki.rogue.keyFile, live.key)
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0 }, log: { level: 'info' },
+      routes: [keyed(mtls.url, { ca_file: pki.caFile, cert_file: live.cert, key_file: live.key })],
+    })
+    gw = await startGatewayProcess(['--config', config, '--data-dir', mkdtempSync(join(tmpdir(), 'fencegate-tls-data-'))])
+    const send = (key: string) => post(`${gw!.dataUrl}/payments/1/capture`, '1', { headers: { 'idempotency-key': key } })
+    expect((await send('rotated')).json.code).toBe('upstream_tls_failed')
+    copyFileSync(pki.client.certFile, live.cert)
+    copyFileSync(pki.client.keyFile, live.key)
+    const reloaded = nextLine(gw, 'upstream_tls_reloaded')
+    gw.child.kill('SIGHUP')
+    expect(await reloaded).toMatchObject({ routes: 1 })
+    expect((await send('rotated')).status).toBe(200)
+    expect(mtls.received).toHaveLength(1)
+    // A key file that is not a key: the reload fails, the gateway stays up with the files it had.
+    writeFileSync(live.key, 'not a key')
+    const failed = nextLine(gw, 'upstream_tls_reload_failed')
+    gw.child.kill('SIGHUP')
+    expect(String((await failed).problems)).toMatch(/routes\[0\]\.upstream_tls: the files do not make a TLS context/)
+    expect((await send('after-failed-reload')).status).toBe(200)
+    expect(mtls.received).toHaveLength(2)
+  })
+})
+
+function keyed(upstream: string, tls: Record<string, unknown>) {
+  return route(upstream, { idempotency: 'required', upstream_tls: tls })
+}

@@ -42,6 +42,11 @@ export async function runServe(flags: Flags): Promise<number> {
   })
   process.on('SIGINT', shutdown)
   process.on('SIGTERM', shutdown)
+  // SIGHUP reads the upstream_tls files again (rotated certificates); before the gateway is up
+  // there is nothing to reload, and the default (ending the process) must not apply either.
+  let reload = () => {}
+  const onHangup = () => reload()
+  process.on('SIGHUP', onHangup)
   // A worker whose supervisor is gone (killed) drains and exits rather than live on as an orphan.
   if (worker) process.on('disconnect', () => shutdown())
   const log = createPinoLogger(config.log.level, undefined, worker ? { worker: worker.index } : undefined)
@@ -56,7 +61,9 @@ export async function runServe(flags: Flags): Promise<number> {
     throw err
   }
   worker?.ready()
+  reload = () => void gateway.reloadUpstreamTls()
   await stopRequested
+  process.off('SIGHUP', onHangup)
   await gateway.close()
   // Everything fencegate opened is closed now. postgres.js 3.4.9 can still open one more
   // socket: a LISTEN connection that was waiting to reconnect when the store closed does so

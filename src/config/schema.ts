@@ -29,6 +29,10 @@ export const configSchema = z.object({
     admin_port: port.default(8081),
     max_request_body: size.default(1024 * 1024),
     max_header_bytes: size.default(16 * 1024),
+    // After a 413, the rest of the body is read and discarded for at most this long in all, and
+    // this long without a byte, so the client reads its answer (src/runtime/node/linger.ts).
+    lingering_time: duration.pipe(z.number().min(1, 'must be positive').max(600_000, 'must be at most 10m')).default(30_000),
+    lingering_timeout: duration.pipe(z.number().min(1, 'must be positive').max(60_000, 'must be at most 60s')).default(5_000),
     // Worker processes on the same ports (src/runtime/node/supervisor.ts); `auto`: the CPUs this process may use.
     workers: z.union([integer(1, 256), z.literal('auto')]).default(1),
     // Without auth, the host names (besides loopback and the listen address) requests may name (src/http/browser-guard.ts).

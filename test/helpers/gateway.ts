@@ -46,7 +46,8 @@ export async function startTestGateway(options: { config: Config; store: Store; 
   const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
-  const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger), '127.0.0.1', 0, maxHeader)
+  const linger = { timeMs: options.config.server.lingering_time, timeoutMs: options.config.server.lingering_timeout }
+  const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger, linger), '127.0.0.1', 0, maxHeader)
   const adminServer = await listen(honoListener(admin.fetch), '127.0.0.1', 0, maxHeader)
   return {
     url: `http://127.0.0.1:${(data.address() as AddressInfo).port}`,

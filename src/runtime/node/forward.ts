@@ -6,13 +6,18 @@ import { HeaderList } from '../../http/header-list.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
 import { upstreamTlsKey } from '../../config/upstream-tls.js'
-import { httpsConnector, UpstreamTlsError, type UpstreamTlsMaterial } from './upstream-tls.js'
+import { httpsConnector, UpstreamTlsError, type TlsMaterial, type UpstreamTlsMaterial } from './upstream-tls.js'
 
 const notSent = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT'])
 
 /** A Forward on undici pools (one per upstream origin, timeout and TLS identity), with its shutdown. */
 export interface UndiciForward {
   forward: Forward
+  /**
+   * Uses new TLS material from now on: the pools of routes with `upstream_tls` are closed once
+   * their requests in flight have finished, and the next request opens one with the new files.
+   */
+  replaceTls(tls: UpstreamTlsMaterial): void
   close(): Promise<void>
 }
 
@@ -28,21 +33,17 @@ export interface UndiciForward {
  */
 export function createUndiciForward(options: { connections?: number; tls?: UpstreamTlsMaterial } = {}): UndiciForward {
   const pools = new Map<string, Pool>()
+  let tls = options.tls
+  const retiring = new Set<Promise<void>>()
   const poolFor = (route: RouteConfig): Pool => {
     const tlsKey = route.upstream_tls ? upstreamTlsKey(route.upstream_tls) : ''
     const key = `${route.upstream.origin} ${route.timeout_ms} ${tlsKey}`
     let pool = pools.get(key)
     if (!pool) {
-      const material = tlsKey ? options.tls?.get(tlsKey) : undefined
+      const material = tlsKey ? tls?.get(tlsKey) : undefined
       // Its files are read at start; a route without them here was wired without loadUpstreamTls.
       if (tlsKey && !material) throw new Error(`no TLS material loaded for route ${route.name}`)
-      const https = route.upstream.origin.startsWith('https:')
-      pool = new Pool(route.upstream.origin, {
-        connections: options.connections ?? 128,
-        connect: https ? httpsConnector(material, route.timeout_ms) : { timeout: route.timeout_ms },
-        headersTimeout: route.timeout_ms,
-        bodyTimeout: route.timeout_ms,
-      })
+      pool = poolOf(route, material, options.connections ?? 128)
       pools.set(key, pool)
     }
     return pool
@@ -80,11 +81,33 @@ export function createUndiciForward(options: { connections?: number; tls?: Upstr
 
   return {
     forward,
+    replaceTls(material) {
+      tls = material
+      // A pool is taken and used in one synchronous step (forward above), so none is closed under a request.
+      for (const [key, pool] of pools) {
+        if (key.endsWith(' ')) continue // no upstream_tls: its key ends in an empty TLS identity
+        pools.delete(key)
+        const closing = pool.close().catch(() => {}).finally(() => retiring.delete(closing))
+        retiring.add(closing)
+      }
+    },
     async close() {
       await Promise.all([...pools.values()].map((p) => p.close()))
+      await Promise.all(retiring)
       pools.clear()
     },
   }
+}
+
+/** A route's pool: timeouts from `timeout_ms`, an https origin through the connector that tells handshake failures apart. */
+function poolOf(route: RouteConfig, material: TlsMaterial | undefined, connections: number): Pool {
+  const https = route.upstream.origin.startsWith('https:')
+  return new Pool(route.upstream.origin, {
+    connections,
+    connect: https ? httpsConnector(material, route.timeout_ms) : { timeout: route.timeout_ms },
+    headersTimeout: route.timeout_ms,
+    bodyTimeout: route.timeout_ms,
+  })
 }
 
 /**

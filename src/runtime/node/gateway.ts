@@ -10,6 +10,7 @@ import { createAuthenticator, type VerificationKeys } from '../../http/identity.
 import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
+import type { Lingering } from './linger.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -53,6 +54,12 @@ export interface RunningGateway {
   dataUrl: string
   adminUrl: string
   store: Store
+  /**
+   * Reads every route's `upstream_tls` files again (rotated certificates; `fencegate serve` calls
+   * it on SIGHUP) and uses them for new connections. Files that fail to load change nothing: the
+   * old ones stay in use, and the problems are logged as `upstream_tls_reload_failed`.
+   */
+  reloadUpstreamTls(): boolean
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes pools and the store. */
   close(graceMs?: number): Promise<void>
 }
@@ -118,7 +125,8 @@ export async function startGateway(options: {
   let adminServer: Server | undefined
   try {
     // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
-    data = await listen(dataPlaneListener(plane, log), config.server.host, config.server.port, config.server.max_header_bytes)
+    const linger = { timeMs: config.server.lingering_time, timeoutMs: config.server.lingering_timeout }
+    data = await listen(dataPlaneListener(plane, log, linger), config.server.host, config.server.port, config.server.max_header_bytes)
     adminServer = await listen(honoListener(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
   } catch (err) {
     data?.close()
@@ -148,6 +156,16 @@ export async function startGateway(options: {
     dataUrl,
     adminUrl,
     store,
+    reloadUpstreamTls() {
+      try {
+        upstream.replaceTls(loadUpstreamTls(config.routes))
+      } catch (err) {
+        log.error('upstream_tls_reload_failed', { problems: err instanceof ConfigError ? err.problems.join('; ') : (err as Error)?.name ?? 'error' })
+        return false
+      }
+      log.info('upstream_tls_reloaded', { routes: config.routes.filter((r) => r.upstream_tls).length })
+      return true
+    },
     async close(graceMs = 10_000) {
       clearInterval(purge)
       durability.close()
@@ -185,8 +203,8 @@ type HonoFetch = (request: Request, env: never) => Response | Promise<Response>
  * @example
  * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
  */
-export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger): RequestListener {
-  return guardTargets(nodeDataPlane({ handle: plane.handle, log }))
+export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger, linger?: Lingering): RequestListener {
+  return guardTargets(nodeDataPlane({ handle: plane.handle, log, ...(linger ? { linger } : {}) }))
 }
 
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */

@@ -107,6 +107,10 @@ export function superviseWorkers(o: SupervisorOptions): Promise<number> {
   }
   const onSignal = () => void stop(0)
   process.on('SIGTERM', onSignal).on('SIGINT', onSignal)
+  // Each worker reads its upstream_tls files again on its own SIGHUP.
+  process.on('SIGHUP', () => {
+    for (const s of slots.values()) if (!s.worker.isDead()) s.worker.process.kill('SIGHUP')
+  })
   for (let i = 0; i < o.count; i++) fork(i, 0)
   return exited
 }

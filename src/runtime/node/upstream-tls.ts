@@ -20,7 +20,7 @@ export type UpstreamTlsMaterial = ReadonlyMap<string, TlsMaterial>
  * Reads every route's `upstream_tls` files, once, at start: a file that cannot be read, or a
  * certificate and key that do not make a TLS context (a key of another certificate), fails
  * start naming the field, e.g. `routes[2].upstream_tls.cert_file`. Rotated files are read
- * again by restarting the gateway (docs/operations.md#upstream-tls).
+ * again on SIGHUP (`RunningGateway.reloadUpstreamTls`) or by a restart (docs/operations.md#upstream-tls).
  *
  * @example
  * const tls = loadUpstreamTls(config.routes)
