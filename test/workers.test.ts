@@ -3,6 +3,7 @@ import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.
 import { post } from './helpers/gateway.js'
 import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startKeyCountingUpstream } from './helpers/upstream.js'
+import { restartBackoff } from '../src/runtime/node/supervisor.js'
 
 /**
  * `fencegate serve --workers 2`: one supervisor, two worker processes on the same ports and
@@ -30,6 +31,19 @@ const alive = (pid: number) => {
     return false
   }
 }
+
+describe('the restart backoff (docs/operations.md#several-workers)', () => {
+  it('waits 100 ms after a first death, doubles to at most 5 s, and starts over once a worker ran 10 s', () => {
+    let failures = 0
+    const delays = Array.from({ length: 8 }, () => {
+      const next = restartBackoff(failures, 50)
+      failures = next.failures
+      return next.delayMs
+    })
+    expect(delays).toEqual([100, 200, 400, 800, 1600, 3200, 5000, 5000])
+    expect(restartBackoff(failures, 10_001)).toEqual({ failures: 1, delayMs: 100 })
+  })
+})
 
 describe.skipIf(!bin)('a gateway of two workers', () => {
   let cluster: Cluster

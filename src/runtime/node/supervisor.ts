@@ -1,5 +1,5 @@
 import cluster, { type Worker } from 'node:cluster'
-import { AggregatorRegistry } from 'prom-client'
+import { AggregatorRegistry, type RegistryContentType } from 'prom-client'
 import type { Logger } from '../../observe/log.js'
 
 /**
@@ -27,6 +27,27 @@ export interface SupervisorOptions {
   log: Logger
   /** How long the workers may drain after SIGTERM before they are killed (the gateway's grace, 10 s). */
   graceMs: number
+}
+
+/**
+ * When a worker that served dies: its failures in a row (reset to 1 once it had run 10 s)
+ * and how long to wait before starting it again, 100 ms doubling to at most 5 s.
+ *
+ * @example
+ * restartBackoff(0, 50) // { failures: 1, delayMs: 100 }
+ * restartBackoff(3, 50) // { failures: 4, delayMs: 800 }
+ */
+export function restartBackoff(failures: number, ranMs: number): { failures: number; delayMs: number } {
+  const next = ranMs > 10_000 ? 1 : failures + 1
+  return { failures: next, delayMs: Math.min(5000, 100 * 2 ** (next - 1)) }
+}
+
+/** Answers a worker's scrape with every worker's metrics summed (an empty answer when that fails). */
+function answerMetrics(aggregator: AggregatorRegistry<RegistryContentType>, worker: Worker, id: number): void {
+  aggregator.clusterMetrics().then(
+    (text) => worker.isConnected() && worker.send({ fencegate: 'metrics', id, text } satisfies ClusterMessage),
+    () => worker.isConnected() && worker.send({ fencegate: 'metrics', id } satisfies ClusterMessage),
+  )
 }
 
 /**
@@ -66,10 +87,7 @@ export function superviseWorkers(o: SupervisorOptions): Promise<number> {
       }
       broadcast()
     } else if (message?.fencegate === 'metrics') {
-      aggregator.clusterMetrics().then(
-        (text) => worker.isConnected() && worker.send({ fencegate: 'metrics', id: message.id, text } satisfies ClusterMessage),
-        () => worker.isConnected() && worker.send({ fencegate: 'metrics', id: message.id } satisfies ClusterMessage),
-      )
+      answerMetrics(aggregator, worker, message.id)
     }
   }
   const onExit = (index: number, worker: Worker, code: number | null, signal: string | null) => {
@@ -85,8 +103,7 @@ export function superviseWorkers(o: SupervisorOptions): Promise<number> {
       void stop(1)
       return
     }
-    const failures = performance.now() - slot.startedAt > 10_000 ? 1 : slot.failures + 1
-    const delayMs = Math.min(5000, 100 * 2 ** (failures - 1))
+    const { failures, delayMs } = restartBackoff(slot.failures, performance.now() - slot.startedAt)
     o.log.warn('worker_exited', { worker: index, code, signal, restart_in_ms: delayMs })
     setTimeout(() => !stopping && fork(index, failures), delayMs)
   }
