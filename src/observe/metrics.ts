@@ -1,3 +1,4 @@
+import { watchCalls } from './watch-calls.js'
 import type { ProblemCode } from '../http/problems.js'
 import type { Db } from '../store/db.js'
 
@@ -76,28 +77,11 @@ export const noMetrics: Metrics = {
  * const jobs = instrument(createJobStore(db), metrics)
  */
 export function instrument<S extends object>(store: S, metrics: Metrics): S {
-  const wrapped: Record<string, unknown> = {}
-  for (const [call, fn] of Object.entries(store)) {
-    if (typeof fn !== 'function' || call === 'close') {
-      wrapped[call] = fn
-      continue
-    }
-    wrapped[call] = (...args: unknown[]) => {
-      const started = performance.now()
-      const result: unknown = (fn as (...a: unknown[]) => unknown)(...args)
-      // Only calls that go to the database return a promise; anything else passes through untimed.
-      if (!(result instanceof Promise)) return result
-      const report = (failed: boolean) => metrics.storeCall({ call, durationMs: performance.now() - started, failed })
-      return result.then((value: unknown) => {
-        report(false)
-        return value
-      }, (err: unknown) => {
-        report(true)
-        throw err
-      })
-    }
-  }
-  return wrapped as S
+  // Only calls that go to the database return a promise; anything else passes through untimed.
+  return watchCalls(store, (call) => {
+    const started = performance.now()
+    return (failed) => metrics.storeCall({ call, durationMs: performance.now() - started, failed })
+  }, 'skip')
 }
 
 /** Counts read at scrape time, across tenants (tenants are never a label). */

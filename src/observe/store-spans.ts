@@ -1,6 +1,7 @@
 import { ATTR_DB_OPERATION_NAME, ATTR_DB_RESPONSE_STATUS_CODE, ATTR_DB_SYSTEM_NAME } from '@opentelemetry/semantic-conventions'
 import { StoreError } from '../store/db.js'
 import type { OpenSpan, Tracing } from './tracing.js'
+import { watchCalls } from './watch-calls.js'
 
 /** A failed store call's span: the SQLSTATE (or driver code) as `db.response.status_code` and its type. */
 function endFailed(span: OpenSpan, err: unknown): void {
@@ -21,28 +22,8 @@ function endFailed(span: OpenSpan, err: unknown): void {
  */
 export function storeSpans<S extends object>(store: S, parent: OpenSpan, tracing: Tracing, system: string): S {
   if (!parent.sampled) return store
-  const wrapped: Record<string, unknown> = {}
-  for (const [call, fn] of Object.entries(store)) {
-    if (typeof fn !== 'function' || call === 'close') {
-      wrapped[call] = fn
-      continue
-    }
-    wrapped[call] = (...args: unknown[]) => {
-      const span = tracing.store(parent, call, { [ATTR_DB_SYSTEM_NAME]: system, [ATTR_DB_OPERATION_NAME]: call })
-      const result: unknown = (fn as (...a: unknown[]) => unknown)(...args)
-      if (!span) return result
-      if (!(result instanceof Promise)) {
-        span.end()
-        return result
-      }
-      return result.then((value: unknown) => {
-        span.end()
-        return value
-      }, (err: unknown) => {
-        endFailed(span, err)
-        throw err
-      })
-    }
-  }
-  return wrapped as S
+  return watchCalls(store, (call) => {
+    const span = tracing.store(parent, call, { [ATTR_DB_SYSTEM_NAME]: system, [ATTR_DB_OPERATION_NAME]: call })
+    return span && ((failed, err) => (failed ? endFailed(span, err) : span.end()))
+  }, 'settle')
 }
