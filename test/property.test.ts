@@ -397,6 +397,8 @@ const segment = fc.oneof(
   { weight: 2, arbitrary: fc.constantFrom('payments', 'capture', 'accounts', 'h', 'tickets', 'orders', 'open', 'plain', '_fencegate', 'health', 'audit', 'admin') },
   { weight: 2, arbitrary: fc.constantFrom('.', '..', '%2e', '%2E', '%2e%2E', '.%2e', '%2e.', '...', '.x', 'x.', '%252e%252e') },
   { weight: 2, arbitrary: fc.constantFrom('%2f', '%2F', 'a%2fb', '%5c', '%5C..', '%252f', 'a%2F..%2Fb') },
+  // Path parameters as Tomcat and Spring read them (issue 27): refused by the raw-target guard.
+  { weight: 1, arbitrary: fc.constantFrom('a;b', ';jsessionid=x', '1;x=..', '%3B', '%3b', 'a%3Bb', '%253B') },
   { weight: 2, arbitrary: fc.constantFrom('%', '%z', '%zz', '%e9', '%ED%A0%80', '%C0%AF', '%FF', '%F0%9F%98%80', '%20', '%C3%A9', '%25', '%3F', '%23', 'a%', '%E2%82') },
   { weight: 1, arbitrary: fc.integer({ min: 200, max: 3000 }).map((n) => 'x'.repeat(n)) },
   { weight: 1, arbitrary: fc.constant('') },
@@ -524,6 +526,8 @@ const extraHeaderName = fc.oneof(
 )
 const extraHeaderValue = fc.oneof(
   fc.constantFrom('1', 'acme', 'globex', 'application/json', 'text/plain; charset=utf-8', '201', '204', '404', '409', '429', 'trailers', 'gzip'),
+  // Accept as SDKs send it: the problem's media type follows (problemTypeFor).
+  fc.constantFrom('application/problem+json', 'application/json;q=0.5, application/problem+json', 'application/json, application/problem+json;q=0.1', 'application/json;q=0', '*/*', 'application/*'),
   headerValue(60),
 )
 /** Connection must keep `close` (the raw client reads until the server closes). */
