@@ -1,13 +1,12 @@
 import { execFile } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { rmSync, writeFileSync } from 'node:fs'
 import { request } from 'node:http'
 import { connect } from 'node:net'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { route } from './helpers/gateway.js'
-import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startGatewayProcess, tempDir, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const MiB = 1024 * 1024
@@ -95,7 +94,8 @@ describe('a body over server.max_request_body gets a readable 413', () => {
   async function gateway(server: Record<string, unknown>): Promise<{ url: string; process: GatewayProcess }> {
     const routes = [route(upstream.url), route(upstream.url, { name: 'open', path: '/open/:invoice_id', fence: 'off' })]
     const file = writeConfig({ server: { port: 0, admin_port: 0, max_request_body: '1MiB', ...server }, log: { level: 'info' }, routes })
-    const started = await startGatewayProcess(['--config', file, '--data-dir', mkdtempSync(join(tmpdir(), 'fencegate-413-data-'))])
+    // tempDir: the embedded store's directory goes with the run (a run left two behind before).
+    const started = await startGatewayProcess(['--config', file, '--data-dir', tempDir('fencegate-413-data-')])
     return { url: started.dataUrl, process: started }
   }
 
@@ -104,7 +104,7 @@ describe('a body over server.max_request_body gets a readable 413', () => {
     gw = await gateway({})
     // Short lingering, to see a sender that never stops, or stops without ending, cut off.
     brief = await gateway({ lingering_time: '300ms', lingering_timeout: '200ms' })
-    dir = mkdtempSync(join(tmpdir(), 'fencegate-413-'))
+    dir = tempDir('fencegate-413-')
     for (const size of [2, 8, 32]) writeFileSync(join(dir, `${size}`), Buffer.alloc(size * MiB, 0x61))
   })
   afterAll(async () => {

@@ -1,11 +1,8 @@
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post } from './helpers/gateway.js'
 import { spanKind, startCollector, type Collector } from './helpers/otlp.js'
-import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { runCli, startGatewayProcess, tempDir, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 const routes = (upstream: string) => [{ name: 'capture', method: 'POST', path: '/payments/:invoice_id/capture', upstream, entity: 'invoice:{params.invoice_id}', idempotency: 'optional' }]
@@ -22,7 +19,7 @@ describe.each(backends())('fencegate serve with OTEL_TRACES_EXPORTER=otlp on $na
     upstream = await startUpstream()
     collector = await startCollector()
     const config = writeConfig({ server: { port: 0, admin_port: 0 }, log: { level: 'info' }, routes: routes(upstream.url) })
-    const store = t.url ? ['--database-url', t.url] : ['--data-dir', mkdtempSync(join(tmpdir(), 'fencegate-otel-'))]
+    const store = t.url ? ['--database-url', t.url] : ['--data-dir', tempDir('fencegate-otel-')]
     gateway = await startGatewayProcess(['--config', config, ...store], {
       OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url, OTEL_SERVICE_NAME: 'fencegate-e2e', OTEL_RESOURCE_ATTRIBUTES: 'deployment.environment.name=test',
     })
@@ -65,7 +62,7 @@ describe('fencegate serve with an OTEL_* value it cannot use', () => {
   it('does not start, and names the variable', async () => {
     const upstream = await startUpstream()
     const config = writeConfig({ server: { port: 0, admin_port: 0 }, routes: routes(upstream.url) })
-    const dataDir = mkdtempSync(join(tmpdir(), 'fencegate-otel-'))
+    const dataDir = tempDir('fencegate-otel-')
     for (const env of [{ OTEL_TRACES_EXPORTER: 'zipkin' }, { OTEL_TRACES_EXPORTER: 'otlp', OTEL_TRACES_SAMPLER: 'sometimes' }]) {
       const run = await runCli(['serve', '--config', config, '--data-dir', dataDir], env)
       expect(run.code).toBe(2)

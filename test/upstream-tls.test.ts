@@ -1,5 +1,4 @@
-import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { copyFileSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { ConfigError } from '../src/config/schema.js'
@@ -10,7 +9,7 @@ import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { makeTestPki, type TestPki } from './helpers/tls.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
-import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { startGatewayProcess, tempDir, writeConfig, type GatewayProcess } from './helpers/process.js'
 
 /**
  * Per-route upstream TLS against a real `node:https` upstream that requires a client
@@ -206,7 +205,7 @@ describe('upstream TLS files read again on SIGHUP', () => {
       server: { port: 0, admin_port: 0 }, log: { level: 'info' },
       routes: [keyed(mtls.url, { ca_file: pki.caFile, cert_file: live.cert, key_file: live.key })],
     })
-    gw = await startGatewayProcess(['--config', config, '--data-dir', mkdtempSync(join(tmpdir(), 'fencegate-tls-data-'))])
+    gw = await startGatewayProcess(['--config', config, '--data-dir', tempDir('fencegate-tls-data-')])
     const send = (key: string) => post(`${gw!.dataUrl}/payments/1/capture`, '1', { headers: { 'idempotency-key': key } })
     expect((await send('rotated')).json.code).toBe('upstream_tls_failed')
     copyFileSync(pki.client.certFile, live.cert)

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { stringify } from 'yaml'
@@ -7,8 +7,26 @@ import { stringify } from 'yaml'
 /** The built CLI; `npm test` builds it first (pretest). From dist/test/helpers (the faults bench) it is a sibling tree. */
 export const cli = join(import.meta.dirname, import.meta.dirname.includes('/dist/test/') ? '../../src/cli/main.js' : '../../dist/src/cli/main.js')
 
+// Every directory tempDir made, removed when the test process exits (by then each gateway
+// using one has stopped): runs left hundreds of config and data directories in /tmp.
+const made: string[] = []
+process.once('exit', () => {
+  for (const dir of made) rmSync(dir, { recursive: true, force: true })
+})
+
+/**
+ * A fresh directory under the run's temporary directory (made by test/helpers/global-setup.ts,
+ * removed at the end of the run; the system's temp dir outside vitest), removed when the test
+ * process exits too.
+ */
+export function tempDir(prefix: string): string {
+  const dir = mkdtempSync(join(process.env.FENCEGATE_TEST_TMP ?? tmpdir(), prefix))
+  made.push(dir)
+  return dir
+}
+
 export function writeConfig(config: Record<string, unknown>): string {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-'))
+  const dir = tempDir('fencegate-test-')
   const file = join(dir, 'fencegate.yaml')
   writeFileSync(file, stringify(config))
   return file
