@@ -89,10 +89,15 @@ describe.each(backends())('a ky client with retries through fencegate, on $name'
     const original = post(`${gw.url}/tickets`, undefined, { body: JSON.stringify(ticket('T-2')), headers: { 'idempotency-key': 'slow' } })
     await upstream.arrived(1)
     let retryAfter: string | null = null
+    // The original answers once the duplicate has been told to come back: on the refusal's
+    // arrival, not in beforeRetry, which ky runs after waiting Retry-After (up to 2 s here, as
+    // long as the original's timeout_ms; a slow run lost that race and got 502 outcome_unknown).
     const retried = client.extend({
-      hooks: { beforeRetry: [({ error }) => {
-        retryAfter ??= (error as HTTPError).response.headers.get('retry-after')
-        open() // the original answers once the duplicate has been told to come back
+      hooks: { afterResponse: [(_request, _options, response) => {
+        if (response.status === 409) {
+          retryAfter ??= response.headers.get('retry-after')
+          open()
+        }
       }] },
     })
     const result = await retried.post('tickets', { json: ticket('T-2'), headers: { 'idempotency-key': 'slow' } }).json()
