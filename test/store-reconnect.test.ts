@@ -1,6 +1,7 @@
+import { createServer, type AddressInfo } from 'node:net'
 import postgres from 'postgres'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { storeCode, type Db } from '../src/store/db.js'
+import { StoreError, storeCode, type Db } from '../src/store/db.js'
 import { connectPostgres } from '../src/store/postgres.js'
 import { failedBeforeSending } from '../src/store/postgres-pool.js'
 import { backends, type TestDb } from './helpers/backends.js'
@@ -75,6 +76,31 @@ describe('failedBeforeSending reads postgres.js\'s own mark of a written stateme
     } finally {
       await sql.end()
       await t.close()
+    }
+  })
+})
+
+describe('a server that accepts connections and closes them at once', () => {
+  it('fails a statement as never sent instead of reconnecting under it forever', async () => {
+    let accepted = 0
+    const server = createServer((socket) => {
+      accepted++
+      socket.destroy()
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const db = connectPostgres(`postgres://postgres@127.0.0.1:${(server.address() as AddressInfo).port}/test`, { max: 2 })
+    try {
+      // postgres.js kept the statement and reconnected with no bound (each close during startup
+      // restarted the connection): this waited forever, one TCP connection after another.
+      const err = await db.sql`SELECT 1`.then(() => undefined, (e: unknown) => e as StoreError)
+      expect(err).toBeInstanceOf(StoreError)
+      expect(err?.driverCode).toBe('ECONNRESET')
+      expect(err?.unsent).toBe(true)
+      // The connection it was given, and the one retry of a statement never sent.
+      expect(accepted).toBeLessThanOrEqual(2)
+    } finally {
+      await db.close()
+      await new Promise((resolve) => server.close(resolve))
     }
   })
 })

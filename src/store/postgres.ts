@@ -146,7 +146,7 @@ function failedSocket(code: string, message: string): Socket {
  */
 function untilWritten(socket: Socket): Socket {
   let kept: [string | symbol, unknown[]][] | undefined = []
-  const emit = socket.emit.bind(socket)
+  const emit = answeredOrFailed(socket)
   const write = socket.write.bind(socket)
   socket.emit = ((event: string | symbol, ...args: unknown[]) => {
     if (kept === undefined || (event !== 'error' && event !== 'close')) return emit(event, ...args)
@@ -164,6 +164,31 @@ function untilWritten(socket: Socket): Socket {
     return false
   }) as Socket['write']
   return socket
+}
+
+/**
+ * The socket's emit, with a close before the server said anything turned into a failure.
+ * postgres.js reconnects a connection that closes during its startup, keeping the statement
+ * that waits for it, with no bound: behind something that accepts connections and closes them
+ * at once (a proxy or load balancer with no server behind it, a server that dies on each
+ * fork) a statement waited forever, and the reconnects, each a fresh TCP connection, spun
+ * the process. A server that refuses a startup says why first (an ErrorResponse), so a
+ * close with nothing heard is reported as `ECONNRESET`: the statement was never sent, and
+ * fails as when the connection is refused.
+ */
+function answeredOrFailed(socket: Socket): Socket['emit'] {
+  const emit = socket.emit.bind(socket)
+  let heard = false
+  let failed = false
+  return ((event: string | symbol, ...args: unknown[]) => {
+    if (event === 'data') heard = true
+    else if (event === 'error') failed = true
+    else if (event === 'close' && !heard && !failed) {
+      failed = true
+      emit('error', Object.assign(new Error('the server closed the connection before answering its startup'), { code: 'ECONNRESET' }))
+    }
+    return emit(event, ...args)
+  }) as Socket['emit']
 }
 
 /**
