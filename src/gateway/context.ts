@@ -1,3 +1,4 @@
+import { abandonedKeys, type AbandonedKeys } from './abandoned.js'
 import type { AttestationSigner } from './attest.js'
 import { sha256Hex, type Digest } from '../http/body.js'
 import type { Config } from '../config/schema.js'
@@ -35,8 +36,10 @@ export interface PipelineContext extends PipelineDeps {
   tracing: Tracing
   storeSystem: string
   bodyLimit: number
+  /** Keys held by reservations whose answer was lost, released by this process (src/gateway/abandoned.ts). */
+  abandoned: AbandonedKeys
 }
 
 export function contextOf(deps: PipelineDeps): PipelineContext {
-  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body }
+  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body, abandoned: abandonedKeys(deps.store, deps.log) }
 }

@@ -5,7 +5,8 @@ import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable } fr
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
 import { DurabilityRefusal } from '../store/durability.js'
-import type { Command, Held, IdempotencyClaim, SlotRequest as Slot } from '../store/store.js'
+import type { Command, Held, IdempotencyClaim, Reservation, SlotRequest as Slot } from '../store/store.js'
+import { mayHaveReserved } from './abandoned.js'
 import { echoIdempotencyKey, hintReplay } from './answer-headers.js'
 import { audited, auditRejection } from './audited.js'
 import { entityOf, entitySources, leaseJobOf } from './command.js'
@@ -151,9 +152,18 @@ async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: 
     method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
     caller: identity.caller, requestId: trace.requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
   }
-  const replay = await answerReservation(ctx, await reserve(ctx, command, trace), command, trace)
+  const held = claim ? { tenant: identity.tenant, key: claim.key, ownerToken: claim.ownerToken } : undefined
+  let reservation: Reservation
+  try {
+    reservation = await reserve(ctx, command, trace)
+  } catch (err) {
+    // Its key may be reserved for this attempt, which forwards nothing: free it for the retry.
+    if (held && mayHaveReserved(err)) await ctx.abandoned.release(held, claim!.lockMs, trace.requestId)
+    throw err
+  }
+  const replay = await answerReservation(ctx, reservation, command, trace)
   if (replay) return { replay }
-  return claim ? { held: { tenant: identity.tenant, key: claim.key, ownerToken: claim.ownerToken } } : {}
+  return held ? { held } : {}
 }
 
 async function takeDeliverySlot(ctx: PipelineContext, trace: Trace, held: Held | undefined): Promise<Slot | undefined> {

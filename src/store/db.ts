@@ -38,9 +38,20 @@ export interface Db {
  */
 export class StoreError extends Error {
   override name = 'StoreError'
+  /** Set by the pool when the statement provably never reached a server, so it changed nothing. */
+  unsent = false
   constructor(readonly sqlstate: string | undefined, readonly driverCode: string | undefined) {
     super(`store failure (${sqlstate ?? driverCode ?? 'unknown'})`)
   }
+}
+
+/**
+ * Whether a failed statement may still have committed: it was sent and then its connection
+ * was lost (a driver or socket code, SQLSTATE class 08, or `57P0x`), so its answer never came.
+ * A statement a live connection refused (any other SQLSTATE) was rolled back.
+ */
+export function mayHaveCommitted(err: StoreError): boolean {
+  return !err.unsent && (err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? ''))
 }
 
 /** The code a log line may carry for a failure: the SQLSTATE or driver code, never the message. */

@@ -28,7 +28,11 @@ export type DurabilityRefusalCode = 'store_not_replicated' | 'store_identity_cha
 /** A refusal of the store's durability: nothing was forwarded. */
 export class DurabilityRefusal extends Error {
   override name = 'DurabilityRefusal'
-  constructor(readonly code: DurabilityRefusalCode, readonly detail: string) {
+  /**
+   * @param ran the refused statement was run (the refusal came while it waited for a standby,
+   *   or after it returned): what it wrote may be committed, though nothing was forwarded.
+   */
+  constructor(readonly code: DurabilityRefusalCode, readonly detail: string, readonly ran = false) {
     super(detail)
   }
 }
@@ -162,9 +166,14 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
  */
 export async function durably<T>(durability: Durability, run: () => Promise<T>, positionOf: (result: T) => WalPosition | undefined): Promise<T> {
   durability.admit()
-  const result = await durability.during(run())
-  await durability.observe(positionOf(result))
-  return result
+  try {
+    const result = await durability.during(run())
+    await durability.observe(positionOf(result))
+    return result
+  } catch (err) {
+    // The refusal the monitor keeps is shared; this command's says that its statement ran.
+    throw err instanceof DurabilityRefusal ? new DurabilityRefusal(err.code, err.detail, true) : err
+  }
 }
 
 /** `pending`'s value, or undefined when it takes longer than `ms` (its failure counts the same). */

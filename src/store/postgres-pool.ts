@@ -130,7 +130,7 @@ async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       }
       slots.left(undefined, began && !connectionLost(err))
       if (!began && waitsForSlot(slots, err)) {
-        await slots.turn(waited)
+        await slots.turn(waited).catch(unsentRefusal)
         waited = true
         continue
       }
@@ -138,6 +138,12 @@ async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       throw err
     }
   }
+}
+
+/** A wait for a live connection that timed out: the statement behind it never left. */
+function unsentRefusal(err: StoreError): never {
+  err.unsent = true
+  throw err
 }
 
 /** The Db a transaction's callback gets: its statements run on the transaction's connection. */
@@ -180,11 +186,12 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       const err = toStoreError(raw)
       slots.left(query, sent && !connectionLost(err))
       if (!sent && waitsForSlot(slots, err)) {
-        await slots.turn(waited)
+        await slots.turn(waited).catch(unsentRefusal)
         waited = true
         continue
       }
       failedOn(client, err)
+      err.unsent = !sent
       // A write refused by a read-only node committed nothing: once more, on the client after it.
       if ((sent && !refusedWrite(err)) || retried) throw err
       retried = true
