@@ -8,6 +8,7 @@ import type { Metrics } from '../observe/metrics.js'
 import { noTracing, type Tracing } from '../observe/tracing.js'
 import type { RuleSource } from '../rules/registry.js'
 import type { Store } from '../store/store.js'
+import { keysPolledAtOnce, outcomeWaits, type OutcomeWaits } from './outcome-waits.js'
 
 /** What the data-plane pipeline is built from; each runtime injects its own. */
 export interface PipelineDeps {
@@ -27,6 +28,12 @@ export interface PipelineDeps {
   tracing?: Tracing
   /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
   storeSystem?: string
+  /**
+   * How duplicates wait on in-flight keys (src/gateway/outcome-waits.ts); defaults to one poll
+   * per key over `store`, at most `keysPolledAtOnce(store.max_connections)` keys. A process
+   * whose pool is smaller (one of `server.workers`) passes its own.
+   */
+  outcomeWaits?: OutcomeWaits
 }
 
 /** The dependencies every step of the pipeline reads, with their defaults settled once. */
@@ -35,8 +42,11 @@ export interface PipelineContext extends PipelineDeps {
   tracing: Tracing
   storeSystem: string
   bodyLimit: number
+  outcomeWaits: OutcomeWaits
 }
 
 export function contextOf(deps: PipelineDeps): PipelineContext {
-  return { ...deps, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body }
+  const waits = deps.outcomeWaits ?? outcomeWaits(deps.store, { maxKeys: keysPolledAtOnce(deps.config.store.max_connections) })
+  // Every settling write goes through `watching`, so a key this process settles wakes its duplicates at once.
+  return { ...deps, store: waits.watching(deps.store), outcomeWaits: waits, digest: deps.digest ?? sha256Hex, tracing: deps.tracing ?? noTracing, storeSystem: deps.storeSystem ?? 'postgresql', bodyLimit: deps.config.server.max_request_body }
 }
