@@ -1,4 +1,4 @@
-import type { Store } from '../store/store.js'
+import type { Held, Store } from '../store/store.js'
 
 /**
  * How this process's duplicates wait on keys still in flight. All the duplicates of one
@@ -127,12 +127,12 @@ export function outcomeWaits(store: Pick<Store, 'getKey'>, options: OutcomeWaitO
     },
     watching(inner) {
       // Only a write that took effect settles the key: one that failed left it in flight.
-      const waking = <A extends { tenant: string; key: string }, R>(write: (held: A, ...rest: any[]) => Promise<R>) =>
-        async (held: A, ...rest: any[]): Promise<R> => {
+      const waking = <F extends (held: Held, ...rest: never[]) => Promise<boolean>>(write: F): F =>
+        (async (held: Held, ...rest: never[]) => {
           const done = await write(held, ...rest)
           if (done) settle(idOf(held.tenant, held.key), { settled: true })
           return done
-        }
+        }) as F
       return { ...inner, complete: waking(inner.complete), release: waking(inner.release), markUnknown: waking(inner.markUnknown) }
     },
     waiting: () => ({ keys: polled.size, waiters: [...polled.values()].reduce((n, p) => n + p.waiters.size, 0) }),
