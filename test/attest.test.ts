@@ -107,6 +107,24 @@ describe.each(backends())('signed fence attestation ($name)', (backend) => {
     expect(upstream.received[0]!.path).toBe('/v1/payments/42/capture?currency=eur')
   })
 
+  it('gives each attestation a jti of its own: two commands with the same X-Request-Id, and a replayed header, are told apart', async () => {
+    await start()
+    // A client chooses its X-Request-Id: two different commands may carry the same one.
+    await post(`${gw.url}/payments/1/capture`, '1', { headers: { 'x-request-id': 'same' } })
+    await post(`${gw.url}/payments/2/capture`, '1', { headers: { 'x-request-id': 'same' } })
+    const [a, b] = verdicts as AttestationClaims[]
+    expect([a!.request_id, b!.request_id]).toEqual(['same', 'same'])
+    expect(a!.jti).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+    expect(b!.jti).not.toBe(a!.jti)
+    // The upstream's replay check on jti lets both commands through, and refuses the first one's header sent again.
+    const ids = new Set<string>()
+    const seen = (jti: string) => ids.has(jti) || (ids.add(jti), false)
+    const check = (req: ReceivedRequest) => verifyAttestation(req.headers['fence-attestation'] as string, { key: keys.publicPem, audience: audience(), request: checksOf(req), seen })
+      .then((c) => c.entity, (e: AttestationError) => e.code)
+    const [first, second] = upstream.received
+    expect([await check(first!), await check(second!), await check(first!)]).toEqual(['invoice:1', 'invoice:2', 'replayed'])
+  })
+
   it('adds no attestation on routes without attest, or when no fence was checked', async () => {
     await start()
     expect((await post(`${gw.url}/plain/1`, '1')).status).toBe(200)

@@ -17,6 +17,9 @@ import { afterAll, beforeAll, describe, expect, it, vi, type MockInstance } from
 import { maxFence } from '../src/gateway/fence.js'
 import type { Logger, LogFields } from '../src/observe/log.js'
 import { problemCatalog } from '../src/http/problems.js'
+import { browserGuard } from '../src/http/browser-guard.js'
+import { jobsPath } from '../src/leases/api.js'
+import { unsafeTarget } from '../src/runtime/node/target.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { hmacAuthenticator, jwtAuth, secret, token } from './helpers/tokens.js'
@@ -61,6 +64,8 @@ interface RawRequest {
   tenant: string | undefined
   /** Scopes of the presented token (B only). */
   scopes: string[]
+  /** Gateway G: the code its browser guard must refuse this with, or null when it passes (undefined elsewhere). */
+  guardRefuses?: string | null
 }
 
 interface RawResponse {
@@ -142,15 +147,19 @@ function rawSend(port: number, r: RawRequest): Promise<RawResponse | undefined> 
 }
 
 // ---------------------------------------------------------------------------
-// The world: one store, one upstream, gateway A (no auth) and gateway B (JWT).
+// The world: one store, one upstream, gateway A (no auth), gateway B (JWT), and gateway G
+// (A's routes without auth behind the browser guard, as `fencegate serve` runs them).
 // ---------------------------------------------------------------------------
 
 let t: TestDb
 let upstream: TestUpstream
 let gwA: TestGateway
 let gwB: TestGateway
+/** Gateway A's routes without auth behind the browser guard, as `fencegate serve` builds it (issue 27). */
+let gwG: TestGateway
 let portA: number
 let portB: number
+let portG: number
 /** Status the upstream answered for each upstream request number (1-based). */
 const upstreamStatus: number[] = [0]
 const logged: { level: string; event: string; fields: LogFields | undefined }[] = []
@@ -216,8 +225,13 @@ function bodyPath(body: Buffer, path: string[]): unknown {
   return node
 }
 
+/** The gateways: A without auth, B with JWT, G as A behind the browser guard. */
+type Gw = 'a' | 'b' | 'g'
+/** The generators and routes a gateway's traffic is drawn from: G's are A's. */
+const like = (gw: Gw): 'a' | 'b' => (gw === 'b' ? 'b' : 'a')
+
 // Route shapes per gateway, keyed by the upstream base path each gateway's routes use.
-const shapes: Record<'/a' | '/b', Shape[]> = {
+const shapes: Record<'/a' | '/b' | '/g', Shape[]> = {
   '/a': [
     { name: 'capture', method: 'POST', pattern: /^\/payments\/([^/]+)\/capture$/, fence: 'required', scopes: [], entity: (m) => `invoice:${param(m)}` },
     { name: 'acct', method: 'PUT', pattern: /^\/accounts\/([^/]+)$/, fence: 'optional', scopes: [], entity: (_m, _r, q) => `acct:${q.get('account')}` },
@@ -233,7 +247,9 @@ const shapes: Record<'/a' | '/b', Shape[]> = {
     { name: 'order', method: 'POST', pattern: /^\/orders\/([^/]+)$/, fence: 'optional', scopes: [], entity: (m) => `order:${param(m)}` },
     { name: 'plain', method: 'PUT', pattern: /^\/plain\/([^/]+)$/, fence: 'required', scopes: [], entity: (m) => `plain:${param(m)}` },
   ],
+  '/g': [],
 }
+shapes['/g'] = shapes['/a']
 
 function routesA(u: string) {
   return [
@@ -321,8 +337,12 @@ beforeAll(async () => {
   const server = { max_request_body: maxBody }
   gwA = await startTestGateway({ config: testConfig(routesA(`${upstream.url}/a`), { server }), store: t.store, log })
   gwB = await startTestGateway({ config: testConfig(routesB(`${upstream.url}/b`), { server, auth: jwtAuth }), store: t.store, log, authenticate: await hmacAuthenticator() })
+  // As src/runtime/node/gateway.ts guards a data plane without auth; the raw client's Host is a named host.
+  const guarded = testConfig(routesA(`${upstream.url}/g`), { server: { ...server, allowed_hosts: [hostHeader] } })
+  gwG = await startTestGateway({ config: guarded, store: t.store, log, browserGuard: browserGuard(guarded.server.host, guarded.server.allowed_hosts) })
   portA = Number(new URL(gwA.url).port)
   portB = Number(new URL(gwB.url).port)
+  portG = Number(new URL(gwG.url).port)
   tokenChoices = await makeTokens()
   consoleError = vi.spyOn(console, 'error')
 })
@@ -331,6 +351,7 @@ afterAll(async () => {
   consoleError?.mockRestore()
   await gwA?.close()
   await gwB?.close()
+  await gwG?.close()
   await upstream?.close()
   await t?.close()
 })
@@ -418,7 +439,7 @@ const query = fc.oneof(
 )
 
 interface TargetShape { method: string; path: (s: string) => string }
-const targetShapes: Record<'a' | 'b', TargetShape[]> = {
+const targetShapes: Record<Gw, TargetShape[]> = {
   a: [
     { method: 'POST', path: (s) => `/payments/${s}/capture` },
     { method: 'PUT', path: (s) => `/accounts/${s}` },
@@ -433,11 +454,14 @@ const targetShapes: Record<'a' | 'b', TargetShape[]> = {
     { method: 'POST', path: (s) => `/orders/${s}` },
     { method: 'PUT', path: (s) => `/plain/${s}` },
   ],
+  // The job API's paths, where the guard also wants JSON bodies (G serves no job API: a body it lets through is no_route).
+  g: [],
 }
+targetShapes.g = [...targetShapes.a, { method: 'POST', path: () => jobsPath }, { method: 'POST', path: (s) => `${jobsPath}/${s}/cancel` }]
 const methods = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS', 'TRACE', 'PURGE', 'PROPFIND', 'MKCOL', 'COPY', 'SEARCH', 'REPORT']
 
 /** Method and target: well-formed (Node's parser accepts them) or not. */
-const methodAndTarget = (gw: 'a' | 'b') => fc.oneof(
+const methodAndTarget = (gw: Gw) => fc.oneof(
   { weight: 25, arbitrary: fc.record({
     shape: fc.constantFrom(...targetShapes[gw]),
     seg: segment,
@@ -508,7 +532,7 @@ const jsonId = fc.oneof(
   fc.double({ noNaN: true }),
   fc.constantFrom(9007199254740991, 9007199254740993, -0, 1e21, null, true, [], {}, ''),
 )
-const body = (gw: 'a' | 'b') => fc.oneof(
+const body = (gw: Gw) => fc.oneof(
   { weight: 3, arbitrary: fc.constant('') },
   { weight: 3, arbitrary: fc.record({ ticket: fc.option(fc.record({ id: jsonId }, { requiredKeys: [] })), tenant: gw === 'b' ? fc.constantFrom('acme', 'globex', 'tënant-ü', 5, null, { x: 1 }) : fc.constant(undefined) }, { requiredKeys: [] })
     .map((v) => JSON.stringify(v)) },
@@ -548,7 +572,46 @@ interface Generated {
   body: Uint8Array
   chunked: boolean
   malformedHeader: string | null
+  /** Gateway G: what a browser (or a page rebinding its name) adds; null elsewhere. */
+  browser: Browser | null
 }
+
+/**
+ * What reaches a plane without auth from a browser (src/http/browser-guard.ts), drawn from
+ * lists whose verdict is known: `{port}` is G's port.
+ */
+interface Browser { host: string; site: string | null; origin: string; contentType: string | null }
+const hostsServed = [hostHeader, 'Gateway.Test:{port}', '127.0.0.1:{port}', '127.0.0.1', 'localhost:{port}', 'LOCALHOST', '[::1]:{port}']
+// A DNS-rebound page sends its own name; 127.0.0.2 and 0.0.0.0 reach loopback too but are no loopback name.
+const hostsRefused = ['rebind.attacker.example:18081', 'gateway.test.attacker.example', '127.0.0.1.attacker.example:{port}', 'localhost.attacker.example', 'attacker.example', '127.0.0.2:{port}', '0.0.0.0:{port}']
+const sitesServed = ['same-origin', 'none']
+const sitesRefused = ['cross-site', 'same-site', 'Cross-Site']
+// `same` is this very host and port as the request names it.
+const originsRefused = ['http://rebind.attacker.example', 'null', 'http://127.0.0.1:1', 'https://attacker.example', 'http://gateway.test.attacker.example', 'file://', 'garbage']
+const jsonTypes = ['application/json', 'application/json; charset=utf-8', 'Application/JSON', 'application/merge-patch+json']
+// What a page may send without a CORS preflight, and near misses of JSON.
+const otherTypes = ['text/plain', 'text/plain;charset=UTF-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'text/json', 'application/jsonx']
+const browserArb: fc.Arbitrary<Browser> = fc.record({
+  host: fc.oneof({ weight: 4, arbitrary: fc.constantFrom(...hostsServed) }, { weight: 1, arbitrary: fc.constantFrom(...hostsRefused) }),
+  site: fc.oneof({ weight: 3, arbitrary: fc.constant(null) }, { weight: 2, arbitrary: fc.constantFrom(...sitesServed) }, { weight: 1, arbitrary: fc.constantFrom(...sitesRefused) }),
+  origin: fc.oneof({ weight: 3, arbitrary: fc.constant('none') }, { weight: 2, arbitrary: fc.constant('same') }, { weight: 1, arbitrary: fc.constantFrom(...originsRefused) }),
+  contentType: fc.oneof({ weight: 2, arbitrary: fc.constant(null) }, { weight: 3, arbitrary: fc.constantFrom(...jsonTypes) }, { weight: 2, arbitrary: fc.constantFrom(...otherTypes) }),
+})
+
+/** The guard's verdict on a request to G, from the lists above: host first, then the site, the origin, a job API body's type. */
+function guardVerdict(b: Browser, method: string, target: string, hasBody: boolean): string | null {
+  if (hostsRefused.includes(b.host)) return 'host_not_allowed'
+  if (b.site !== null && sitesRefused.includes(b.site)) return 'cross_site_request'
+  if (originsRefused.includes(b.origin)) return 'cross_site_request'
+  let jobApi = false
+  try {
+    jobApi = new URL(target, 'http://gateway.test').pathname.startsWith(jobsPath)
+  } catch {}
+  const json = b.contentType !== null && jsonTypes.includes(b.contentType)
+  if (jobApi && !['GET', 'HEAD', 'OPTIONS'].includes(method) && (b.contentType !== null ? !json : hasBody)) return 'unsupported_media_type'
+  return null
+}
+const guardCodes = ['host_not_allowed', 'cross_site_request', 'unsupported_media_type']
 
 const presence = <T>(value: fc.Arbitrary<T>) => fc.oneof(
   { weight: 2, arbitrary: fc.constant({ kind: 'none' as const, values: [] as T[] }) },
@@ -557,7 +620,7 @@ const presence = <T>(value: fc.Arbitrary<T>) => fc.oneof(
 )
 
 const pick = fc.record({ valid: fc.boolean(), i: fc.nat() })
-const auth = (gw: 'a' | 'b') => fc.oneof(
+const auth = (gw: Gw) => fc.oneof(
   { weight: gw === 'b' ? 1 : 3, arbitrary: fc.constant({ kind: 'none' as const, picks: [] as { valid: boolean; i: number }[] }) },
   { weight: 6, arbitrary: pick.map((p) => ({ kind: 'one' as const, picks: [p] })) },
   { weight: 1, arbitrary: fc.tuple(pick, pick).map((ps) => ({ kind: 'dup' as const, picks: ps })) },
@@ -565,15 +628,17 @@ const auth = (gw: 'a' | 'b') => fc.oneof(
 const tenantClaim = fc.constantFrom('none' as const, 'match' as const, 'match' as const, 'other' as const)
 
 /** Anything: every field drawn from its full range. */
-const wild = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.record({
+const wild = (gw: Gw): fc.Arbitrary<Generated> => fc.record({
   mt: methodAndTarget(gw),
   fence: presence(fenceValue),
   key: presence(keyValue),
   requestId: requestIdValue,
   auth: auth(gw),
   tenantClaim,
-  extra: fc.array(fc.tuple(extraHeaderName, extraHeaderValue), { maxLength: 5 }),
+  // G's Content-Type is the browser part's, so the guard's verdict is known.
+  extra: fc.array(fc.tuple(extraHeaderName, extraHeaderValue), { maxLength: 5 }).map((e) => (gw === 'g' ? e.filter(([n]) => n !== 'content-type') : e)),
   connection: connectionValue,
+  browser: gw === 'g' ? browserArb : fc.constant(null),
   body: body(gw),
   chunked: fc.boolean(),
   malformedHeader: fc.oneof(
@@ -583,8 +648,8 @@ const wild = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.record({
 })
 
 /** Plausible commands from a small pool, so fences compete, keys replay, collide and run concurrently. */
-const plausible = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.record({
-  target: fc.constantFrom(...(gw === 'a'
+const plausible = (gw: Gw): fc.Arbitrary<Generated> => fc.record({
+  target: fc.constantFrom(...(like(gw) === 'a'
     ? ['POST /orders/1', 'POST /orders/1', 'POST /orders/2?x=1', 'POST /payments/1/capture', 'POST /payments/2/capture', 'PUT /accounts/1?account=7', 'PATCH /h', 'POST /tickets', 'DELETE /open/1', 'GET /open/1']
     : ['POST /orders/1', 'POST /orders/2', 'POST /payments/1/capture', 'PUT /plain/1', 'PUT /plain/2'])),
   fence: fc.option(fc.nat(12).map(String), { freq: 4 }),
@@ -594,7 +659,8 @@ const plausible = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.record({
   status: fc.constantFrom('200', '200', '201', '204', '409', '429'),
   auth: pick.map((p) => ({ kind: 'one' as const, picks: [{ ...p, valid: true }] })),
   tenantClaim,
-}).map(({ target, fence, key, body: b, status, auth: a, tenantClaim: tc }) => {
+  browser: gw === 'g' ? browserArb : fc.constant(null),
+}).map(({ target, fence, key, body: b, status, auth: a, tenantClaim: tc, browser }) => {
   const [method, path] = target.split(' ') as [string, string]
   return {
     mt: { method, target: path, wellFormed: true },
@@ -608,13 +674,14 @@ const plausible = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.record({
     body: new TextEncoder().encode(b),
     chunked: false,
     malformedHeader: null,
+    browser,
   }
 })
 
-const generated = (gw: 'a' | 'b'): fc.Arbitrary<Generated> => fc.oneof({ weight: 3, arbitrary: wild(gw) }, { weight: gw === 'a' ? 2 : 3, arbitrary: plausible(gw) })
+const generated = (gw: Gw): fc.Arbitrary<Generated> => fc.oneof({ weight: 3, arbitrary: wild(gw) }, { weight: like(gw) === 'a' ? 2 : 3, arbitrary: plausible(gw) })
 
 /** Turns a generated description into the bytes' description, with a unique X-Request-Id where one is valid. */
-function materialise(g: Generated, gw: 'a' | 'b'): RawRequest {
+function materialise(g: Generated, gw: Gw): RawRequest {
   const headers: [string, string][] = []
   for (const v of g.fence.values) headers.push(['X-Execution-Fence', v])
   for (const v of g.key.values) headers.push(['Idempotency-Key', v === 'fresh' ? `fresh-${++unique}` : v])
@@ -628,22 +695,29 @@ function materialise(g: Generated, gw: 'a' | 'b'): RawRequest {
   if (gw === 'b' && g.tenantClaim !== 'none') headers.push(['x-tenant', g.tenantClaim === 'match' ? (auths[0]?.tenant ?? 'acme') : 'nobody'])
   headers.push(...g.extra)
   if (g.connection !== null) headers.push(['connection', g.connection])
+  const host = g.browser ? g.browser.host.replace('{port}', String(portG)) : hostHeader
+  if (g.browser) {
+    if (g.browser.site !== null) headers.push(['sec-fetch-site', g.browser.site])
+    if (g.browser.origin !== 'none') headers.push(['origin', g.browser.origin === 'same' ? `http://${host}` : g.browser.origin])
+    if (g.browser.contentType !== null) headers.push(['content-type', g.browser.contentType])
+  }
   if (g.malformedHeader !== null) {
     const i = g.malformedHeader.indexOf(':')
     headers.push([g.malformedHeader.slice(0, i), g.malformedHeader.slice(i + 2)])
   }
   // One well-formed valid token authenticates; anything else must not reach the upstream (gateway B).
-  const auth = gw === 'a' ? { tenant: 'default', scopes: [] as string[] } : auths.length === 1 ? auths[0]! : { tenant: undefined, scopes: [] }
+  const auth = gw !== 'b' ? { tenant: 'default', scopes: [] as string[] } : auths.length === 1 ? auths[0]! : { tenant: undefined, scopes: [] }
   return {
     method: g.mt.method,
     target: g.mt.target,
-    host: hostHeader,
+    host,
     headers,
     body: g.body,
     chunked: g.chunked,
     wellFormed: g.mt.wellFormed && g.malformedHeader === null && headers.every(([, v]) => latin1(v)),
     tenant: auth.tenant,
     scopes: auth.scopes,
+    ...(g.browser ? { guardRefuses: guardVerdict(g.browser, g.mt.method, g.mt.target, g.chunked || g.body.byteLength > 0) } : {}),
   }
 }
 
@@ -690,6 +764,7 @@ function checkExchange(r: RawRequest, res: RawResponse | undefined): Kind {
   const s = res!
   expect(s.status, where).toBeLessThan(500)
   expect(header(s, 'x-request-id'), where).toBeDefined()
+  if (r.guardRefuses !== undefined && r.wellFormed) checkGuard(r, s, where)
   const n = header(s, 'x-upstream-n')
   if (n !== undefined) {
     expect(header(s, 'idempotent-replayed'), `an upstream cannot claim a replay: ${where}`).toBeUndefined()
@@ -722,12 +797,28 @@ function checkExchange(r: RawRequest, res: RawResponse | undefined): Kind {
 }
 
 /**
+ * Gateway G: a request the browser guard refuses gets that refusal (after the raw-target
+ * guard's, which answers first), and one it lets through gets none of the guard's codes.
+ */
+function checkGuard(r: RawRequest, s: RawResponse, where: string): void {
+  const expected = unsafeTarget(r.target) ? 'invalid_request' : r.guardRefuses!
+  const problem = header(s, 'x-upstream-n') === undefined && header(s, 'idempotent-replayed') === undefined && r.method !== 'HEAD'
+  const code = problem ? (JSON.parse(s.body.toString('utf8')) as { code?: string }).code : undefined
+  if (expected === null) {
+    expect(guardCodes, `the browser guard refused a request it should serve: ${where}`).not.toContain(code)
+    return
+  }
+  expect(s.status, `the browser guard let through what it must refuse as ${expected}: ${where}`).toBe(problemCatalog[expected as keyof typeof problemCatalog].status)
+  if (r.method !== 'HEAD') expect(code, where).toBe(expected)
+}
+
+/**
  * Property 2 over a batch: the upstream received exactly the forwarded requests; each
  * matches a configured route; on a fenced route it carries a fence the store accepted
  * (>= the entity's highest at that moment) for the entity the upstream sees; the tenant
  * is the token's; and no rejected request was ever accepted or forwarded.
  */
-async function checkBatch(gw: 'a' | 'b', sent: RawRequest[], got: (RawResponse | undefined)[], n0: number, seq0: string): Promise<Kind[]> {
+async function checkBatch(gw: Gw, sent: RawRequest[], got: (RawResponse | undefined)[], n0: number, seq0: string): Promise<Kind[]> {
   const kinds = sent.map((r, i) => checkExchange(r, got[i]))
   const byId = new Map<string, { r: RawRequest; res: RawResponse; kind: Kind }>()
   const claimed = new Map<number, string>()
@@ -809,11 +900,11 @@ async function checkBatch(gw: 'a' | 'b', sent: RawRequest[], got: (RawResponse |
 const stats = { requests: 0, forwarded: 0, replayed: 0, problem: 0, parser: 0 }
 const codes = new Map<string, number>()
 
-async function fuzz(gw: 'a' | 'b', batch: Generated[]): Promise<void> {
+async function fuzz(gw: Gw, batch: Generated[]): Promise<void> {
   const sent = batch.map((g) => materialise(g, gw))
   const n0 = upstream.received.length
   const seq0 = await logSeq()
-  const got = await Promise.all(sent.map((r) => rawSend(gw === 'a' ? portA : portB, r)))
+  const got = await Promise.all(sent.map((r) => rawSend({ a: portA, b: portB, g: portG }[gw], r)))
   stats.requests += sent.length
   const kinds = await checkBatch(gw, sent, got, n0, seq0)
   kinds.forEach((kind, i) => {
@@ -832,6 +923,16 @@ describe('generated traffic through the real gateway', () => {
   it('gateway without auth: never a 5xx, every error a catalogued problem, forwarded only with an accepted fence', async () => {
     await fc.assert(fc.asyncProperty(fc.array(generated('a'), { minLength: 1, maxLength: 12 }), (batch) => fuzz('a', batch)), bounded(160))
     console.log(`gateway A: ${JSON.stringify(stats)}\n${JSON.stringify(Object.fromEntries([...codes].sort()))}`)
+    codes.clear()
+  }, slow)
+
+  it('gateway without auth behind the browser guard: the same, and a foreign Host, a cross-site page or a job API body that is not JSON is refused with its code', async () => {
+    const before = { ...stats }
+    codes.clear()
+    await fc.assert(fc.asyncProperty(fc.array(generated('g'), { minLength: 1, maxLength: 12 }), (batch) => fuzz('g', batch)), bounded(120))
+    console.log(`gateway G: ${JSON.stringify(Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, v - before[k as keyof typeof stats]])))}\n${JSON.stringify(Object.fromEntries([...codes].sort()))}`)
+    // The generator reaches every refusal of the guard, and traffic it serves.
+    for (const code of [...guardCodes, 'forwarded 200']) expect(codes.get(code) ?? 0, code).toBeGreaterThan(0)
     codes.clear()
   }, slow)
 

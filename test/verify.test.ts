@@ -34,7 +34,7 @@ describe('attestation keys and algorithms', () => {
   })
 
   it('refuses another typ, alg none and HMAC, even for the same claims', async () => {
-    const claims = { tenant: 't', entity: 'e:1', fence: '1', idempotency_key: null, body_sha256: sha256(''), method: 'POST', path: '/x', route: 'r', request_id: 'q' }
+    const claims = { tenant: 't', entity: 'e:1', fence: '1', idempotency_key: null, body_sha256: sha256(''), method: 'POST', path: '/x', route: 'r', request_id: 'q', jti: 'j' }
     const build = () => new SignJWT(claims).setIssuer('fencegate').setAudience('https://up.example').setIssuedAt().setExpirationTime('1m')
     const options = { key: keys.publicPem, audience: 'https://up.example' }
     await expect(verifyAttestation(await build().setProtectedHeader({ alg: 'ES256', typ: 'fence-attestation+jwt' }).sign(await importPKCS8(keys.privatePem, 'ES256')), options)).resolves.toMatchObject({ entity: 'e:1' })
@@ -63,6 +63,53 @@ describe('attestation keys and algorithms', () => {
     const at = (s: number, maxAgeMs?: number) => verifyAttestation(jws, { key: keys.publicPem, audience: 'https://up.example', now: new Date(signedAt + s * 1000), ...(maxAgeMs === undefined ? {} : { maxAgeMs }) })
       .then(() => 'accepted', (e: AttestationError) => e.code)
     expect([await at(60), await at(60, 10_000), await at(9, 10_000), await at(-60, 600_000)]).toEqual(['accepted', 'expired', 'accepted', 'not_yet_valid'])
+  })
+})
+
+describe('the replay check on jti', () => {
+  const facts = { tenant: 't', entity: 'e:1', fence: '1', idempotencyKey: null, bodySha256: sha256(''), method: 'POST', path: '/x', route: 'r', requestId: 'q', audience: 'https://up.example' }
+  const options = { audience: 'https://up.example', request: { method: 'POST', path: '/x', body: '' } }
+
+  it('refuses an attestation its seen check knew as replayed; it is asked with the jti and exp, sync or async', async () => {
+    const sign = await createAttestationSigner({ ...section, ttl: 60_000, issuer: 'fencegate' }, keys.privatePem)
+    const jws = await sign(facts)
+    const asked: [string, number][] = []
+    const ids = new Map<string, number>()
+    const seen = async (jti: string, exp: number) => {
+      asked.push([jti, exp])
+      if (ids.has(jti)) return true
+      ids.set(jti, exp)
+      return false
+    }
+    const first = await verifyAttestation(jws, { key: keys.publicPem, ...options, seen })
+    const again = await verifyAttestation(jws, { key: keys.publicPem, ...options, seen }).catch((e: AttestationError) => e)
+    expect(again).toBeInstanceOf(AttestationError)
+    expect((again as AttestationError).code).toBe('replayed')
+    expect(asked).toEqual([[first.jti, first.exp], [first.jti, first.exp]])
+    // The same facts signed again are another attestation, with another jti.
+    const other = await verifyAttestation(await sign(facts), { key: keys.publicPem, ...options, seen: (jti) => ids.has(jti) })
+    expect(other.jti).not.toBe(first.jti)
+  })
+
+  it('asks seen only once every other check passed, so a forged or mismatched attestation records nothing', async () => {
+    const jws = await (await createAttestationSigner({ ...section, ttl: 60_000, issuer: 'fencegate' }, keys.privatePem))(facts)
+    const asked: string[] = []
+    const seen = (jti: string) => (asked.push(jti), false)
+    const other = await generateKeyPair('ES256', { extractable: true })
+    const refused = await Promise.all([
+      verifyAttestation(jws, { key: await exportSPKI(other.publicKey), ...options, seen }),
+      verifyAttestation(jws, { key: keys.publicPem, ...options, request: { ...options.request, body: 'x' }, seen }),
+      verifyAttestation(jws, { key: keys.publicPem, ...options, audience: 'https://other.example', seen }),
+    ].map((p) => p.then(() => 'accepted', (e: AttestationError) => e.code)))
+    expect(refused).toEqual(['bad_signature', 'mismatch', 'wrong_audience'])
+    expect(asked).toEqual([])
+  })
+
+  it('refuses an attestation without a jti as malformed', async () => {
+    const claims = { tenant: 't', entity: 'e:1', fence: '1', idempotency_key: null, body_sha256: sha256(''), method: 'POST', path: '/x', route: 'r', request_id: 'q' }
+    const jws = await new SignJWT(claims).setIssuer('fencegate').setAudience('https://up.example').setIssuedAt().setExpirationTime('1m')
+      .setProtectedHeader({ alg: 'ES256', typ: 'fence-attestation+jwt' }).sign(await importPKCS8(keys.privatePem, 'ES256'))
+    await expect(verifyAttestation(jws, { key: keys.publicPem, audience: 'https://up.example' })).rejects.toMatchObject({ code: 'malformed' })
   })
 })
 

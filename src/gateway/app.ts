@@ -19,6 +19,7 @@ import { webInbound, type Inbound } from '../http/inbound.js'
 import { browserRefusal, type BrowserGuard } from '../http/browser-guard.js'
 import { staticRules, type RuleSource } from '../rules/registry.js'
 import type { Store } from '../store/store.js'
+import type { OutcomeWaits } from './outcome-waits.js'
 
 /** What the data plane is built from; every part is injected so each runtime wires its own. */
 export interface AppDeps {
@@ -46,6 +47,8 @@ export interface AppDeps {
   tracing?: Tracing
   /** `db.system.name` of the store's spans: `postgresql` (the default) or `pglite`. */
   storeSystem?: string
+  /** How duplicates wait on in-flight keys (src/gateway/outcome-waits.ts); defaults to a budget of half `store.max_connections`. */
+  outcomeWaits?: OutcomeWaits
 }
 
 export type AppEnv = { Variables: { requestId: string } }

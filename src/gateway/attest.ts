@@ -43,6 +43,9 @@ export interface SignerOptions {
  * this module stays runtime-neutral). A key that is not a PKCS#8 private key
  * for the configured algorithm is a ConfigError.
  *
+ * Each attestation gets a `jti` of its own (a random UUID), so an upstream can refuse a
+ * replayed header (`verifyAttestation`'s `seen`).
+ *
  * `iat` and `exp` come from the signer's own clock, not the database's: unlike
  * a lease, no decision of fencegate's rests on them. They only tell the
  * upstream how fresh the attestation is, and the upstream checks `exp` against
@@ -81,6 +84,8 @@ export async function createAttestationSigner(config: AttestationConfig, pem: st
       .setAudience(f.audience)
       .setIssuedAt(iat)
       .setExpirationTime(iat + ttlSeconds)
+      // Chosen here, unlike request_id (the client's X-Request-Id): the one id an upstream can dedup replays on.
+      .setJti(crypto.randomUUID())
       .sign(key)
   }
 }

@@ -100,17 +100,3 @@ export async function logged(log: Logger, requestId: string, action: string, wri
     log.error('idempotency_write_failed', { request_id: requestId, action, store_code: storeCode(err) })
   }
 }
-
-/**
- * Holds a duplicate until the original settles (`idempotency_wait`), polling
- * the record with a growing interval; true when it left `in_flight` in time.
- */
-export async function waitForOutcome(store: Store, tenant: string, key: string, waitMs: number): Promise<boolean> {
-  const deadline = Date.now() + waitMs
-  for (let interval = 20; Date.now() < deadline; interval = Math.min(interval * 2, 250)) {
-    await new Promise((resolve) => setTimeout(resolve, Math.min(interval, Math.max(0, deadline - Date.now()))))
-    const record = await store.getKey(tenant, key)
-    if (!record || record.state !== 'in_flight') return true
-  }
-  return false
-}

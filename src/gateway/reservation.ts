@@ -5,7 +5,6 @@ import type { Command, Reservation } from '../store/store.js'
 import type { PipelineContext } from './context.js'
 import { staleFenceError } from './fence.js'
 import { replayAnswer } from './idempotency.js'
-import { waitForOutcome } from './outcome.js'
 import { inProgressRetryMs } from './retry-hint.js'
 import { addElapsed, type Trace } from './trace.js'
 
@@ -25,7 +24,7 @@ export async function reserve(ctx: Pick<PipelineContext, 'store' | 'metrics'>, c
 }
 
 /** Turns the store's decision into an answer (a replay), or undefined when the request may go upstream; refusals throw. */
-export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Reservation, command: Command, trace: Trace): Promise<Answer | undefined> {
+export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'metrics' | 'outcomeWaits'>, r: Reservation, command: Command, trace: Trace): Promise<Answer | undefined> {
   switch (r.kind) {
     case 'proceed': return undefined
     case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
@@ -38,14 +37,16 @@ export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'me
   }
 }
 
-/** A duplicate of a request in flight: wait up to `idempotency_wait` for its answer, else refuse with an honest Retry-After. */
-async function waitForInFlight(ctx: Pick<PipelineContext, 'store' | 'metrics'>, r: Extract<Reservation, { kind: 'in_progress' }>, command: Command, trace: Trace): Promise<Answer | undefined> {
+/** A duplicate of a request in flight: wait up to `idempotency_wait` for its answer (src/gateway/outcome-waits.ts), else refuse with an honest Retry-After. */
+async function waitForInFlight(ctx: Pick<PipelineContext, 'store' | 'metrics' | 'outcomeWaits'>, r: Extract<Reservation, { kind: 'in_progress' }>, command: Command, trace: Trace): Promise<Answer | undefined> {
   const rc = trace.route!.config
   const waitStarted = performance.now()
   const waitMs = idempotencyWaitOf(rc)
   if (waitMs > 0) {
+    // Woken by this process's own completion, or by the key's one shared poll; false past the
+    // wait, or at once when the store's budget of polled keys is spent (answered as a timeout).
+    const settled = await ctx.outcomeWaits.wait(command.tenant, command.idempotency!.key, waitMs)
     // The same command again: fence, lease and key are all decided anew.
-    const settled = await waitForOutcome(ctx.store, command.tenant, command.idempotency!.key, waitMs)
     if (settled) return answerReservation(ctx, await reserve(ctx, command, trace), command, trace)
   }
   // Retry when the original's own timeout has passed, not when its (longer) lock would.

@@ -37,7 +37,10 @@ export interface AttestationClaims {
   /** Path and query the gateway sent to the upstream. */
   path: string
   route: string
+  /** The request's `X-Request-Id`: chosen by the client, so not unique; dedup on `jti`. */
   request_id: string
+  /** This attestation's own id, chosen by the gateway at random: unique per attestation. */
+  jti: string
 }
 
 /**
@@ -74,10 +77,17 @@ export interface VerifyAttestationOptions {
   request?: ReceivedRequest
   /** The verifier's clock; defaults to the current time. */
   now?: Date
+  /**
+   * The replay check: true when this `jti` was seen before (the attestation is then refused as
+   * `replayed`), else records it until `exp` (epoch seconds, plus the clock tolerance) and
+   * returns false. Called last, only for an attestation that passed every other check, so
+   * forged or mismatched ones never fill what it records.
+   */
+  seen?: (jti: string, exp: number) => boolean | Promise<boolean>
 }
 
 /** Why an attestation was refused. */
-export type AttestationErrorCode = 'malformed' | 'bad_signature' | 'unknown_key' | 'expired' | 'not_yet_valid' | 'wrong_issuer' | 'wrong_audience' | 'mismatch'
+export type AttestationErrorCode = 'malformed' | 'bad_signature' | 'unknown_key' | 'expired' | 'not_yet_valid' | 'wrong_issuer' | 'wrong_audience' | 'mismatch' | 'replayed'
 
 /** Which part of the received request differs from the attestation. */
 export type MismatchField = 'method' | 'path' | 'body_sha256' | 'fence' | 'idempotency_key'
@@ -99,13 +109,16 @@ export class AttestationError extends Error {
 /**
  * Verifies a `Fence-Attestation`: signature (ES256 or EdDSA only), `typ`,
  * `iss`, `aud`, `exp`, and with `request`, that the method, path, body hash,
- * fence and idempotency key match what this upstream received. Resolves with
- * the claims; throws AttestationError otherwise.
+ * fence and idempotency key match what this upstream received, and with `seen`,
+ * that its `jti` was not presented before. Resolves with the claims; throws
+ * AttestationError otherwise.
  *
  * @example
+ * const ids = new Set<string>() // one process; several upstreams share a table or Redis
  * const claims = await verifyAttestation(jws, { key: pem, audience: 'http://127.0.0.1:9001',
- *   request: { method: 'POST', path: '/payments/42/capture', body: rawBody } })
- * console.log(claims.tenant, claims.entity, claims.fence)
+ *   request: { method: 'POST', path: '/payments/42/capture', body: rawBody },
+ *   seen: (jti) => ids.has(jti) || (ids.add(jti), false) })
+ * console.log(claims.tenant, claims.entity, claims.fence, claims.jti)
  */
 export async function verifyAttestation(jws: string | null | undefined, options: VerifyAttestationOptions): Promise<AttestationClaims> {
   if (typeof jws !== 'string' || jws.length === 0) throw new AttestationError('malformed', 'no attestation')
@@ -126,6 +139,7 @@ export async function verifyAttestation(jws: string | null | undefined, options:
   }
   const claims = checkShape(payload)
   if (options.request) await checkRequest(claims, options.request)
+  if (options.seen && await options.seen(claims.jti, claims.exp)) throw new AttestationError('replayed', 'this attestation was presented before')
   return claims
 }
 
@@ -156,7 +170,7 @@ function fromJose(err: unknown): AttestationError {
   return new AttestationError('malformed', 'not a valid attestation')
 }
 
-const stringClaims = ['tenant', 'entity', 'fence', 'body_sha256', 'method', 'path', 'route', 'request_id'] as const
+const stringClaims = ['tenant', 'entity', 'fence', 'body_sha256', 'method', 'path', 'route', 'request_id', 'jti'] as const
 
 function checkShape(p: JWTPayload): AttestationClaims {
   for (const name of stringClaims) {

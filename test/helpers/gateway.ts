@@ -4,7 +4,9 @@ import { createAdminApp } from '../../src/admin/app.js'
 import { createDataPlane } from '../../src/gateway/app.js'
 import { parseConfig, type Config } from '../../src/config/schema.js'
 import type { Forward } from '../../src/gateway/forward.js'
+import type { OutcomeWaits } from '../../src/gateway/outcome-waits.js'
 import { noAuthentication, type Authenticate } from '../../src/http/identity.js'
+import type { BrowserGuard } from '../../src/http/browser-guard.js'
 import type { JobStore } from '../../src/leases/store.js'
 import { silentLogger, type Logger } from '../../src/observe/log.js'
 import type { Tracing } from '../../src/observe/tracing.js'
@@ -40,10 +42,10 @@ export interface TestGateway {
 }
 
 /** Serves the real data and admin apps over loopback HTTP with the undici forward, as node.ts does. */
-export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; tracing?: Tracing; storeSystem?: string; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db }): Promise<TestGateway> {
+export async function startTestGateway(options: { config: Config; store: Store; log?: Logger; tracing?: Tracing; storeSystem?: string; forward?: Forward; authenticate?: Authenticate; jobs?: JobStore; rules?: { registry: RuleRegistry; db: Db }; db?: Db; outcomeWaits?: OutcomeWaits; browserGuard?: BrowserGuard }): Promise<TestGateway> {
   const undici = createUndiciForward({ tls: loadUpstreamTls(options.config.routes) })
   const authenticate = options.authenticate ?? noAuthentication
-  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}) })
+  const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}), ...(options.outcomeWaits ? { outcomeWaits: options.outcomeWaits } : {}), ...(options.browserGuard ? { browserGuard: options.browserGuard } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
   const maxHeader = options.config.server.max_header_bytes
   const linger = { timeMs: options.config.server.lingering_time, timeoutMs: options.config.server.lingering_timeout }

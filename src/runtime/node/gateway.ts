@@ -32,6 +32,7 @@ import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
 import { purgeOnce } from '../retention.js'
 import type { ClusterWorker } from './cluster-worker.js'
 import { workerPool } from './workers.js'
+import { keysPolledAtOnce, outcomeWaits } from '../../gateway/outcome-waits.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -119,7 +120,9 @@ export async function startGateway(options: {
   const open = config.auth.mode === 'none'
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
-  const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
+  // Duplicates' polls are budgeted from this process's own pool.
+  const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(max) })
+  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
   const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
   let data: Server | undefined
   let adminServer: Server | undefined
