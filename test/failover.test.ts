@@ -4,7 +4,7 @@ import { openDb, startGateway, type RunningGateway } from '../src/runtime/node/g
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post, route, testConfig } from './helpers/gateway.js'
 import { startPair, type ReplicatedPair } from './helpers/replicated.js'
-import { startKeyCountingUpstream } from './helpers/upstream.js'
+import { gate, startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
  * A primary that fails over, on real clusters: a primary and a streaming hot standby made by
@@ -222,6 +222,41 @@ describe.skipIf(!bin)('a store that fails over', () => {
     expect(upstream.received.length).toBe(forwarded)
     expect(lines.find((l) => l.event === 'store_lost_commits')?.fields).toMatchObject({ from_timeline: 1, to_timeline: 2 })
     expect(await health(gw)).toMatchObject({ http: 503, refusing: 'store_lost_commits' })
+  })
+
+  it('asynchronous replication: a stored answer the failover lost is a lost commit, though the reservation before it survived', async () => {
+    pair = await startPair(bin!, { sync: false })
+    const lines: LogLine[] = []
+    const gw = await start(pair.url, lines)
+    const held = gate()
+    upstream.handle(async (_, res) => {
+      await held.opened
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end('{"charged":true}')
+    })
+    const answered = post(`${gw.dataUrl}/payments/z/capture`, '1', { headers: { 'idempotency-key': 'z-1' } })
+    await upstream.arrived(upstream.received.length + 1)
+    // The reservation is on the standby; the answer stored next is not.
+    const [{ lsn }] = await pair.query<{ lsn: string }>(pair.primary, 'SELECT pg_current_wal_lsn()::text AS lsn')
+    await until('the standby replayed the reservation', async () => (await pair!.query<{ ok: boolean }>(pair!.standby, `SELECT pg_last_wal_replay_lsn() >= '${lsn}'::pg_lsn AS ok`))[0]!.ok)
+    await pair.cut()
+    held.open()
+    expect((await answered).status).toBe(200)
+
+    pair.primary.stop('immediate')
+    pair.promote()
+    // Without the answer's position the gateway knew only the reservation's, which survived:
+    // it served on, and a retry of z-1 got outcome_unknown, not its replay (with
+    // on_unknown_outcome: retry, a second execution).
+    let next = await post(`${gw.dataUrl}/payments/y/capture`, '1')
+    for (let i = 0; next.json?.code === 'store_unavailable' && i < 100; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      next = await post(`${gw.dataUrl}/payments/y/capture`, '1')
+    }
+    expect(next.status, JSON.stringify(next.json)).toBe(503)
+    expect(next.json.code).toBe('store_lost_commits')
+    const kept = await pair.query<{ state: string }>(pair.standby, `SELECT state FROM fg_idempotency WHERE key = 'z-1'`)
+    expect(kept).toEqual([{ state: 'in_flight' }])
   })
 
   it('store.require_replicated: with the synchronous standby stopped nothing is forwarded, and commands are served again when it streams', async () => {

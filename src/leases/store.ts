@@ -3,7 +3,7 @@ import type { Schedule } from '../store/batch.js'
 import type { Db } from '../store/db.js'
 import { claimJobs, type Claimed, type ClaimedRow, type ClaimRequest } from './claim.js'
 import { durably, localDurability, type Durability } from '../store/durability.js'
-import { compareLsn, readPosition, type WalPosition } from '../store/wal.js'
+import { latestPosition, readPosition } from '../store/wal.js'
 import { createJobCompleter, type CompletionAudit } from './complete.js'
 import { typesJson } from './job-types.js'
 import { chunksFrom, getJob, lostReason } from './read.js'
@@ -75,10 +75,6 @@ export async function claimOne(db: Db, c: { tenant: string; workerId: string; ty
 async function durableClaim(durability: Durability, claim: () => Promise<ClaimedRow[]>): Promise<Claimed[]> {
   const rows = await durably(durability, claim, (claimed) => latestPosition(claimed.map(readPosition)))
   return rows.map(({ fg_wal: _w, fg_lsn: _l, fg_boot: _b, ...claimed }) => claimed)
-}
-
-function latestPosition(positions: (WalPosition | undefined)[]): WalPosition | undefined {
-  return positions.reduce<WalPosition | undefined>((a, b) => (!a || (b?.lsn && a.lsn && compareLsn(b.lsn, a.lsn) > 0) ? b : a), undefined)
 }
 
 /**

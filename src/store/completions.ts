@@ -2,7 +2,9 @@ import { concatBytes } from '../http/body.js'
 import { createBatcher, type Schedule } from './batch.js'
 import type { Db } from './db.js'
 import type { StoredResponse } from './commands.js'
+import { localDurability, type Durability } from './durability.js'
 import type { Held } from './keys.js'
+import { latestPosition, readPosition, type PositionRow, type WalPosition } from './wal.js'
 
 export type { Schedule } from './batch.js'
 
@@ -30,18 +32,23 @@ interface Pending {
  * batch. `drain()` writes what is pending and waits for every write under way: the
  * store calls it before it closes, so no completion is left unwritten.
  *
+ * The statement's WAL position goes to the store's `durability` as a reservation's does:
+ * a stored answer that a failover loses would leave its key in flight on the new primary,
+ * to execute again once its lock expires, so losing it must be seen (`store_lost_commits`).
+ *
  * @example
  * const completer = createCompleter(db, setImmediate)
  * const applied = await completer.complete(held, { replayable: true, response, ttlMs: 86_400_000 })
  * await completer.drain() // before the Db closes
  */
-export function createCompleter(db: Db, schedule?: Schedule) {
+export function createCompleter(db: Db, schedule?: Schedule, durability: Durability = localDurability) {
   const batcher = createBatcher<Pending, boolean>({
     schedule,
     // Up to createBatcher's 100 completions and 4 MiB of bodies per statement.
     weight: ({ completion: c }) => (c.replayable ? c.response.body.byteLength : 0),
     write: async (batch) => {
-      const applied = await completeAll(db, batch)
+      const { applied, position } = await completeAll(db, batch)
+      await durability.observe(position)
       return batch.map((_, i) => applied.has(i))
     },
   })
@@ -54,9 +61,10 @@ export function createCompleter(db: Db, schedule?: Schedule) {
 /**
  * One statement for the whole batch (fg_complete, migrations/0007): the rows
  * come as JSON, the bodies as one byte string cut by offset, so the statement
- * text is the same for every batch size. Returns the indexes that applied.
+ * text is the same for every batch size. Returns the indexes that applied and where the
+ * statement left the WAL.
  */
-async function completeAll(db: Db, batch: Pending[]): Promise<Set<number>> {
+async function completeAll(db: Db, batch: Pending[]): Promise<{ applied: Set<number>; position: WalPosition | undefined }> {
   const bodies: Uint8Array[] = []
   let offset = 0
   const rows = batch.map(({ held, completion: c }, i) => {
@@ -70,7 +78,10 @@ async function completeAll(db: Db, batch: Pending[]): Promise<Set<number>> {
     return row
   })
   const blob = concatBytes(bodies, offset)
-  const applied = await db.sql<{ i: number }>`
-    SELECT i FROM fg_complete(${JSON.stringify(rows)}::text::jsonb, ${blob}::bytea) AS i`
-  return new Set(applied.map((r) => r.i))
+  // The position columns are read after fg_complete's writes (its rows are materialized first).
+  const applied = await db.sql<{ i: number } & PositionRow>`
+    SELECT i, pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal, pg_current_wal_insert_lsn()::text AS fg_lsn,
+      extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot
+    FROM fg_complete(${JSON.stringify(rows)}::text::jsonb, ${blob}::bytea) AS i`
+  return { applied: new Set(applied.map((r) => r.i)), position: latestPosition(applied.map(readPosition)) }
 }

@@ -86,8 +86,8 @@ export interface StoreOptions {
  * const store = createStore(await openPglite(), { schedule: setImmediate })
  */
 export function createStore(db: Db, options: StoreOptions = {}): Store {
-  const completer = createCompleter(db, options.schedule)
   const durability = options.durability ?? localDurability
+  const completer = createCompleter(db, options.schedule, durability)
   return {
     async reserve(command) {
       return (await durably(durability, () => reserve(db, command), (r) => r.position)).reservation

@@ -35,6 +35,11 @@ export function readPosition(row: PositionRow | undefined): WalPosition | undefi
   return { timeline: parseInt(row.fg_wal.slice(0, 8), 16), lsn: row.fg_lsn ?? undefined, boot: row.fg_boot }
 }
 
+/** The furthest of several statements' positions (undefined when none has one). */
+export function latestPosition(positions: (WalPosition | undefined)[]): WalPosition | undefined {
+  return positions.reduce<WalPosition | undefined>((a, b) => (!a || (b?.lsn && a.lsn && compareLsn(b.lsn, a.lsn) > 0) ? b : a), undefined)
+}
+
 /** Compares two LSNs (`X/Y`, hexadecimal): negative, zero or positive. */
 export function compareLsn(a: string, b: string): number {
   const diff = lsnValue(a) - lsnValue(b)
