@@ -215,6 +215,9 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
     // A route's upstream_tls cannot be honoured by a Worker's fetch: refused, naming the field.
     const tls = env({}, { upstream: 'https://psp.example.com', upstream_tls: { ca_file: 'ca.pem' } })
     await expect(createWorker(tls)).rejects.toThrow(/routes\[0\]\.upstream_tls: not supported on Workers/)
+    // Nor can it watch the store's durability between requests: refused, never ignored.
+    const replicated = configText(upstream.url).replace('store:\n', 'store:\n  require_replicated: true\n')
+    await expect(createWorker({ ...env(), FENCEGATE_CONFIG: replicated })).rejects.toThrow(/store\.require_replicated: not supported on Workers/)
   })
 
   it('the default export builds once per isolate and answers 500 while misconfigured', async () => {

@@ -55,6 +55,12 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
     throw new ConfigError([`routes[${tlsRoute}].upstream_tls: not supported on Workers (fetch trusts the platform's CAs and sends no client certificate); use Cloudflare's mTLS certificate binding in front of the upstream, or the Node gateway`])
   }
 
+  // The durability checks live in a long-lived process: they need a reading of the store's
+  // replication and the position of the last acknowledged write, which no isolate keeps.
+  if (config.store.require_replicated) {
+    throw new ConfigError(['store.require_replicated: not supported on Workers (a Worker keeps no reading of the store\'s replication between requests); make the database refuse to acknowledge unreplicated commits instead (synchronous_commit with a synchronous standby, docs/operations.md#failover), or use the Node gateway'])
+  }
+
   const log = createLogger(config.log.level)
   const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
   const attest = await workerAttestationSigner(config, vars)
