@@ -21,7 +21,7 @@ import type { Route } from './route.js'
 import { logDecision, type Trace } from './trace.js'
 import { startRequestSpan } from './spans.js'
 import { storeSpans } from '../observe/store-spans.js'
-import { correlatedLogger, type OpenSpan } from '../observe/tracing.js'
+import { correlatedLogger, traceIdOf, type OpenSpan } from '../observe/tracing.js'
 import { forwardUpstream } from './upstream.js'
 
 export type { PipelineDeps } from './context.js'
@@ -150,6 +150,7 @@ async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: 
     tenant: identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
     method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
     caller: identity.caller, requestId: trace.requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
+    traceId: traceIdOf(trace.span),
   }
   const replay = await answerReservation(ctx, await reserve(ctx, command, trace), command, trace)
   if (replay) return { replay }

@@ -120,7 +120,7 @@ export async function startGateway(options: {
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
   const plane = createDataPlane({ config, store, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
-  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing })
   let data: Server | undefined
   let adminServer: Server | undefined
   try {
