@@ -91,6 +91,14 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
     expect(end).toBe('')
   })
 
+  it('a command whose trace is not sampled still names it: the caller\'s, as its log lines and the upstream have it', async () => {
+    const callerTrace = '0af7651916cd43dd8448eb211c80319c'
+    const stale = await capture(gw, 42, '4', { traceparent: `00-${callerTrace}-b7ad6b7169203331-00` })
+    expect(stale.json.code).toBe('stale_fence')
+    expect((await servers()).some((s) => s.traceId === callerTrace)).toBe(false)
+    expect((await admin(plain, `/audit?trace_id=${callerTrace}`)).json.items.map((i: any) => i.request_id)).toEqual([stale.headers.get('x-request-id')])
+  })
+
   it('every way a command is refused names its trace: before the fence, a stale fence with a key, a reused key, a lease that is not live', async () => {
     const refusals = [
       await capture(gw, 50),
