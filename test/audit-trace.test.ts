@@ -129,12 +129,16 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
     }
   })
 
-  it('the admin plane\'s requests are SERVER spans by route template, and a bump\'s or an operator action\'s row names its trace', async () => {
+  it('the admin plane\'s requests are SERVER spans by route template, and a bump\'s, a key release\'s or an operator action\'s row names its trace', async () => {
     const bump = await admin(gw, '/entities/invoice:60/bump?tenant=acme', 'POST', { min_fence: '9' })
     expect(bump.status).toBe(200)
     const worker = { sub: 'worker-k', scope: 'jobs:start' }
     const { job_id: id } = (await jobs('', worker, { type: 'report', key: 'trace-2' })).json
     expect((await admin(gw, `/jobs/${id}/cancel?tenant=acme`, 'POST')).json.state).toBe('cancelled')
+    await t.db.sql`
+      INSERT INTO fg_idempotency (tenant, key, fingerprint, route, state, entity, expires_at, owner_token, request_id)
+      VALUES ('acme', 'k-unknown', 'f', 'capture', 'outcome_unknown', 'invoice:62', now() + interval '1 hour', 'o', 'r')`
+    expect((await admin(gw, '/idempotency/k-unknown?tenant=acme', 'DELETE')).json.released).toBe(true)
     expect((await admin(gw, '/no-such-endpoint')).status).toBe(404)
     const spans = (await servers()).filter((s) => s.attributes['url.path'] !== undefined && !String(s.attributes['url.path']).startsWith('/_fencegate') && !String(s.attributes['url.path']).startsWith('/payments') && !String(s.attributes['url.path']).startsWith('/reports'))
     const of = (name: string) => spans.find((s) => s.name === name)!
@@ -146,6 +150,8 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
     expect(spans.find((s) => s.attributes['url.path'] === '/no-such-endpoint')).toMatchObject({ name: 'GET', attributes: { 'http.response.status_code': 404, 'fencegate.decision': 'not_found' } })
     const bumped = await rowsOf('entity=invoice:60&code=fence_bumped')
     expect(bumped.map((i) => i.trace_id)).toEqual([of('POST /entities/:entity/bump').traceId])
+    const released = await rowsOf('entity=invoice:62&code=idempotency_key_released')
+    expect(released.map((i) => i.trace_id)).toEqual([of('DELETE /idempotency/:key').traceId])
     const cancelled = await rowsOf(`entity=job:${id}&code=job_cancelled`)
     expect(cancelled.map((i) => [i.caller, i.trace_id])).toEqual([['operator-alice', of('POST /jobs/:id/cancel').traceId]])
     // Through the gateway that does not trace: no trace id.

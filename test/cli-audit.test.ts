@@ -31,10 +31,20 @@ describe('fencegate audit --format and --follow', () => {
     expect(ndjson.stdout.trim().split('\n').map((l) => JSON.parse(l).request_id)).toEqual(['a-3', 'a-2'])
     const bad = await runCli(['audit', '--data-dir', dir, '--format', 'xml'])
     expect([bad.code, bad.stderr.includes('--format')]).toEqual([2, true])
-    const traced = await runCli(['audit', '--data-dir', dir, '--format', 'ndjson', '--trace-id', traceId])
-    expect(traced.stdout.trim().split('\n').map((l) => [JSON.parse(l).request_id, JSON.parse(l).trace_id])).toEqual([['a-2', traceId]])
+  })
+
+  it('--trace-id reads the rows of one trace, and the table shows each row\'s trace', async () => {
+    const dir = tempDir()
+    const store = createStore(await openDb(undefined, dir))
+    const traceId = '4bf92f3577b34da6a3ce929d0e0e4736'
+    for (const id of ['t-1', 't-2']) {
+      await store.recordRejection({ tenant: 'default', route: 'capture', entity: 'invoice:9', code: 'stale_fence', presentedFence: '1', highestFence: '2',
+        method: 'POST', path: '/payments/9/capture', bodySha256: null, caller: 'w', requestId: id, traceId: id === 't-2' ? traceId : null })
+    }
+    await store.close()
     const table = await runCli(['audit', '--data-dir', dir, '--trace-id', traceId])
-    expect(table.stdout.split('\n').slice(0, 2).map((l) => l.split('\t').at(-1))).toEqual(['trace', traceId])
+    expect(table.stdout.trim().split('\n').map((l) => l.split('\t').slice(-2))).toEqual([['request', 'trace'], ['POST /payments/9/capture t-2', traceId]])
+    // Checked before the store is opened, as the admin plane checks it.
     const notTrace = await runCli(['audit', '--data-dir', dir, '--trace-id', traceId.toUpperCase()])
     expect([notTrace.code, /--trace-id must be a trace id/.test(notTrace.stderr)]).toEqual([2, true])
   })

@@ -132,6 +132,7 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   })
   app.onError((err, c) => {
     const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
+    // The span's decision: the outermost middleware ends the span once this answer is made.
     c.set('refusal', problem.code)
     return problemResponse(problem, c.get('requestId'), { accept: c.req.header('accept') })
   })
