@@ -46,7 +46,7 @@ export const auditPageSchema = z.object({
     body_sha256: z.string().nullable().describe('SHA-256 of the request body; the body itself is never stored'),
     caller: z.string().nullable(), request_id: z.string(), idempotency_key: z.string().nullable(),
     trace_id: z.string().regex(/^[0-9a-f]{32}$/).nullable()
-      .describe('The W3C trace id of the request that caused the row (its SERVER span\'s); null when it was not traced'),
+      .describe('The W3C trace id of the request that caused the row (its SERVER span\'s, sampled or not); null when tracing was off'),
   }).strict()),
   next_cursor: z.string().nullable().describe('Pass as ?cursor= for the next page; null on the last page'),
 }).strict()
