@@ -119,6 +119,7 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
  */
 async function presentFence(db: Db, c: Command): Promise<Positioned> {
   // Target-list items are evaluated in order: the position is read after the function wrote.
+  // The trace id by name: this call has no key to pass before it (p_key keeps its default).
   const [row] = await db.sql<{ highest: string } & PositionRow>`
     SELECT fg_present_fence(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
       ${c.bodySha256}, ${c.caller}, ${c.requestId}, p_trace_id => ${c.traceId ?? null}::text)::text AS highest,
