@@ -8,12 +8,16 @@ import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { browserSkipReason, launchBrowser, screenshotDir, type Browser } from './helpers/browser.js'
 import { post, route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { startTracing, type NodeTracing } from '../src/runtime/node/tracing.js'
+import { tracingSettings } from '../src/runtime/node/tracing-env.js'
+import { spanKind, startCollector, type Collector } from './helpers/otlp.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 // The audit console in a real Chromium against a real gateway on PostgreSQL, under
 // auth.mode: jwt so every row names its caller. The test makes the traffic the screens show:
 // worker-a loses invoice:42 to worker-b and keeps writing; an operator finds it and bumps.
+// The gateway traces, so every row names the trace of the command that caused it.
 const skip = browserSkipReason()
 if (skip) console.warn(`console tests skipped: ${skip}`)
 
@@ -27,6 +31,8 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
   let browser: Browser
   let page: Page
   let adminToken: string
+  let collector: Collector
+  let traced: NodeTracing
 
   const as = async (sub: string) => ({ authorization: `Bearer ${await token({ sub })}` })
   const capture = async (sub: string, invoice: number, fence?: string) =>
@@ -51,7 +57,9 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
       job_types: [{ name: 'send-invoice', lease: '45s' }],
     })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
-    gw = await startTestGateway({ config, store: t.store, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db), rules: { registry, db: t.db }, db: t.db })
+    collector = await startCollector()
+    traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url })!, silentLogger)
+    gw = await startTestGateway({ config, store: t.store, authenticate: await hmacAuthenticator(), jobs: createJobStore(t.db), rules: { registry, db: t.db }, db: t.db, tracing: traced.tracing })
     adminToken = await token({ sub: 'operator-alice', scope: 'fencegate:admin' })
     browser = await launchBrowser()
     page = await browser.page()
@@ -69,6 +77,8 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
   afterAll(async () => {
     await browser?.close()
     await gw?.close()
+    await traced?.shutdown()
+    await collector?.close()
     await registry?.close()
     await upstream?.close()
     await t?.close()
@@ -142,6 +152,41 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     await page.locator('#rejections-table tbody tr').first().waitFor()
     expect(await page.locator('#rejections-table tbody tr').count()).toBe(3)
     await shot('rejections-filtered')
+  })
+
+  it('shows each rejection\'s trace id, copies it, and narrows the table to one trace', async () => {
+    await traced.flush()
+    const staleTraces = collector.spans.filter((s) => s.kind === spanKind.server && s.attributes['fencegate.decision'] === 'stale_fence').map((s) => s.traceId)
+    expect(staleTraces).toHaveLength(3)
+    await open('#/rejections?code=stale_fence')
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    // The last column: the trace id of the very command each row is about, as the trace backend has it.
+    const shown = await texts('#rejections-table tbody td:nth-child(10) code.trace-id')
+    expect(new Set(shown)).toEqual(new Set(staleTraces))
+    await browser.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: gw.adminUrl })
+    const first = page.locator('#rejections-table tbody tr').first()
+    await first.locator('td.trace button').click()
+    await first.locator('td.trace button', { hasText: 'Copied' }).waitFor()
+    expect(await page.evaluate(() => navigator.clipboard.readText())).toBe(shown[0])
+
+    // The filter field: exactly that trace's row, and the chart counts it alone.
+    await open('#/rejections')
+    await page.fill('input[name=trace_id]', shown[1]!)
+    await page.locator('form.filters button[type=submit]').click()
+    await page.waitForFunction((id) => location.hash.includes(`trace_id=${id}`), shown[1]!)
+    await page.locator('#rejections-table tbody tr td.trace', { hasText: shown[1]! }).waitFor()
+    expect(await page.locator('#rejections-table tbody tr').count()).toBe(1)
+    await page.locator('#rejections-chart[data-total="1"]').waitFor()
+    await shot('rejections-trace')
+    // Each row links to its trace's rows.
+    await open('#/rejections?code=stale_fence')
+    await page.locator('#rejections-table tbody tr').nth(2).locator('td.trace a').click()
+    await page.waitForFunction((id) => location.hash === `#/rejections?trace_id=${id}`, shown[2]!)
+    await page.locator('#rejections-table tbody tr td.trace', { hasText: shown[2]! }).waitFor()
+    expect(await page.locator('#rejections-table tbody tr').count()).toBe(1)
+    // Not a trace id: the admin plane's 400, in words.
+    await open('#/rejections?trace_id=XYZ')
+    await page.locator('#rejections-table .notice.error', { hasText: 'trace_id must be a trace id' }).waitFor()
   })
 
   it('pages the table by keyset: older pages hold the next rows, none twice', async () => {

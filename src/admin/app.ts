@@ -3,6 +3,8 @@ import { routePath } from 'hono/route'
 import { requestIdOf } from '../gateway/app.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
 import { noMetrics, type Metrics, type MetricsExposition } from '../observe/metrics.js'
+import { noTracing, type Tracing } from '../observe/tracing.js'
+import { endAdminSpan, startRequestSpan } from '../gateway/spans.js'
 import { adminOpenApi } from './openapi.js'
 import { FencegateError, problemResponse } from '../http/problems.js'
 import type { Store } from '../store/store.js'
@@ -39,6 +41,8 @@ export interface AdminDeps {
   rules?: { registry: RuleRegistry; db: Db }
   /** The database the read-only job views read; without it `/jobs` does not exist (404). */
   db?: Db
+  /** A SERVER span per request (src/observe/tracing.ts); defaults to none. Node passes the data plane's. */
+  tracing?: Tracing
 }
 
 /**
@@ -55,12 +59,17 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   const { store, exposition } = deps
   const authenticate = deps.authenticate ?? noAuthentication
   const metrics = deps.metrics ?? noMetrics
+  const tracing = deps.tracing ?? noTracing
   const app = new Hono<AdminEnv>()
   // Outermost, so it also sees answers made by onError (a refused token, an unknown endpoint).
   app.use(async (c, next) => {
+    const span = startRequestSpan(tracing, { method: c.req.method, url: new URL(c.req.url), headers: c.req.raw.headers })
+    c.set('span', span)
     await next()
     const endpoint = routePath(c, -1)
     metrics.adminRequest({ endpoint: endpoint === '/*' ? 'unmatched' : endpoint, status: c.res.status })
+    if (span.sampled) endAdminSpan(span, c.req.method, endpoint === '/*' ? undefined : endpoint, c.res.status, c.get('refusal'))
+    else span.end()
   })
   // Before everything, the console too: a DNS-rebound page must not even load it as its own.
   const guard = deps.browserGuard
@@ -121,6 +130,11 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   app.notFound(() => {
     throw new FencegateError('not_found', 'no such admin endpoint')
   })
-  app.onError((err, c) => problemResponse(err instanceof FencegateError ? err : new FencegateError('internal_error'), c.get('requestId'), { accept: c.req.header('accept') }))
+  app.onError((err, c) => {
+    const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
+    // The span's decision: the outermost middleware ends the span once this answer is made.
+    c.set('refusal', problem.code)
+    return problemResponse(problem, c.get('requestId'), { accept: c.req.header('accept') })
+  })
   return app
 }

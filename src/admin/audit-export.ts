@@ -6,7 +6,7 @@ export type AuditFormat = 'json' | 'ndjson' | 'csv'
 
 const contentTypes = { ndjson: 'application/x-ndjson', csv: 'text/csv; charset=utf-8' } as const
 const columns = ['id', 'at', 'tenant', 'route', 'entity', 'code', 'presented_fence', 'highest_fence', 'method', 'path',
-  'body_sha256', 'caller', 'request_id', 'idempotency_key'] as const satisfies readonly (keyof AuditItem)[]
+  'body_sha256', 'caller', 'request_id', 'idempotency_key', 'trace_id'] as const satisfies readonly (keyof AuditItem)[]
 
 // Rows per store statement while streaming: small enough to start at once, large enough to cost few round trips.
 const pageSize = 500

@@ -2,6 +2,7 @@ import { Hono } from 'hono'
 import { isStorableText, maxEntityLength } from '../gateway/route.js'
 import { FencegateError } from '../http/problems.js'
 import type { Store } from '../store/store.js'
+import { traceIdOf } from '../observe/tracing.js'
 import { parseBump, parseTenantQuery, storeCall, tenantFor, type AdminEnv } from './query.js'
 
 /**
@@ -28,7 +29,7 @@ export function createEntitiesApp(store: Store): Hono<AdminEnv> {
     if (entity.length > maxEntityLength || !isStorableText(entity)) throw new FencegateError('invalid_request', `an entity is 1-${maxEntityLength} characters without control characters`)
     const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
     const minFence = parseBump(await c.req.text())
-    const r = await storeCall(() => store.bumpFence({ tenant, entity, minFence, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    const r = await storeCall(() => store.bumpFence({ tenant, entity, minFence, caller: c.get('identity').caller, requestId: c.get('requestId'), traceId: traceIdOf(c.get('span')) }))
     return c.json({ tenant, entity, previous_fence: r.previous, highest_fence: r.highest, raised: r.raised })
   })
 

@@ -5,6 +5,7 @@ import { getJobDetail, listJobs, type JobSummary } from '../leases/list.js'
 import { cancelAsOperator, releaseAsOperator, retryAsOperator, type OperatorAction, type OperatorResult } from '../leases/operator.js'
 import { FencegateError } from '../http/problems.js'
 import type { Db } from '../store/db.js'
+import { traceIdOf } from '../observe/tracing.js'
 
 /** `GET /jobs` query parameters. */
 export const jobListQuerySchema = z.object({
@@ -63,7 +64,7 @@ export function createAdminJobsApp(db: Db): Hono<AdminEnv> {
     const p = parseQuery(z.object({ tenant: tenantParam }).strict(), new URL(c.req.url).searchParams)
     const tenant = tenantFor(c.get('identity'), p.tenant, false) ?? 'default'
     const id = jobId(c.req.param('id'), tenant)
-    const done = await storeCall(() => act(db, { tenant, jobId: id, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    const done = await storeCall(() => act(db, { tenant, jobId: id, caller: c.get('identity').caller, requestId: c.get('requestId'), traceId: traceIdOf(c.get('span')) }))
     if (done) return c.json({ tenant, job_id: id, state: done.state, fence: done.fence })
     // Read after the fact, for the problem only: the statement above decided.
     const job = await storeCall(() => getJobDetail(db, tenant, id))

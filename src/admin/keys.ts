@@ -1,6 +1,7 @@
 import { Hono } from 'hono'
 import { FencegateError } from '../http/problems.js'
 import type { Store } from '../store/store.js'
+import { traceIdOf } from '../observe/tracing.js'
 import { parseTenantQuery, storeCall, tenantFor, type AdminEnv } from './query.js'
 
 /**
@@ -25,7 +26,7 @@ export function createKeysApp(store: Store): Hono<AdminEnv> {
   app.delete('/idempotency/:key', async (c) => {
     const key = c.req.param('key')
     const tenant = tenantFor(c.get('identity'), parseTenantQuery(c.req.url), false) ?? 'default'
-    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: c.get('identity').caller, requestId: c.get('requestId') }))
+    const result = await storeCall(() => store.releaseUnknown({ tenant, key, caller: c.get('identity').caller, requestId: c.get('requestId'), traceId: traceIdOf(c.get('span')) }))
     if (!result) throw new FencegateError('not_found', `no live record for this Idempotency-Key in tenant ${tenant}`)
     if (!result.released) throw new FencegateError('key_not_releasable', `the record is ${result.state}; only an unknown outcome (or an in-flight record whose lock expired) can be released`, { state: result.state })
     return c.json({ key, tenant, released: true, previous_state: result.state })

@@ -45,6 +45,8 @@ export const auditPageSchema = z.object({
     code: z.string(), presented_fence: fence.nullable(), highest_fence: fence.nullable(), method: z.string(), path: z.string(),
     body_sha256: z.string().nullable().describe('SHA-256 of the request body; the body itself is never stored'),
     caller: z.string().nullable(), request_id: z.string(), idempotency_key: z.string().nullable(),
+    trace_id: z.string().regex(/^[0-9a-f]{32}$/).nullable()
+      .describe('The W3C trace id of the request that caused the row (its SERVER span\'s, sampled or not); null when tracing was off'),
   }).strict()),
   next_cursor: z.string().nullable().describe('Pass as ?cursor= for the next page; null on the last page'),
 }).strict()

@@ -5,6 +5,7 @@ import { adminScope, type Identity } from '../http/identity.js'
 import { maxEntityLength } from '../gateway/route.js'
 import { FencegateError, storeUnavailable } from '../http/problems.js'
 import { StoreError } from '../store/db.js'
+import type { OpenSpan } from '../observe/tracing.js'
 import type { AuditFilter, AuditItem, AuditQuery, Store } from '../store/store.js'
 
 /**
@@ -13,7 +14,8 @@ import type { AuditFilter, AuditItem, AuditQuery, Store } from '../store/store.j
  * parameters validated against the schemas the OpenAPI document shows.
  */
 
-export type AdminEnv = { Variables: { requestId: string; identity: Identity } }
+/** `span` is the request's SERVER span (a no-op one when tracing is off): its trace id goes on the audit rows the request writes. */
+export type AdminEnv = { Variables: { requestId: string; identity: Identity; span: OpenSpan; refusal: string } }
 
 const auditScope = 'fencegate:audit'
 
@@ -100,6 +102,8 @@ const auditFilterShape = {
   code: z.string().regex(/^[a-z_]{1,64}$/, 'an error code such as stale_fence').optional().describe('Only rows with this problem code'),
   route: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'a route name').optional().describe('Only rows for this route'),
   caller: z.string().regex(/^[\s\S]{1,256}$/, '1-256 characters').optional().describe('Only rows of this caller (the token\'s subject)'),
+  trace_id: z.string().regex(/^[0-9a-f]{32}$/, 'a trace id: 32 lowercase hex digits').optional()
+    .describe('Only rows of this trace: the W3C trace id of the request that caused them, as its SERVER span and log lines carry it'),
   since: windowBound('since'),
   until: windowBound('until'),
 }
@@ -152,7 +156,7 @@ export function parseAuditSummaryQuery(params: URLSearchParams): { filter: Audit
 }
 
 function auditFilter(p: z.output<z.ZodObject<typeof auditFilterShape>>): AuditFilter {
-  const filter: AuditFilter = { tenant: p.tenant, entity: p.entity, code: p.code, route: p.route, caller: p.caller }
+  const filter: AuditFilter = { tenant: p.tenant, entity: p.entity, code: p.code, route: p.route, caller: p.caller, traceId: p.trace_id }
   for (const bound of ['since', 'until'] as const) {
     const value = p[bound]
     if (value === undefined) continue

@@ -9,7 +9,8 @@ import { createStore } from '../store/store.js'
 import { adminCall, AdminError, adminUrlOf } from './admin-client.js'
 import { stringFlag, storeLocation, UsageError, type Flags } from './usage.js'
 
-const filters = ['tenant', 'entity', 'code', 'route', 'caller', 'since', 'until', 'limit', 'cursor'] as const
+// Flag and query parameter alike, but --trace-id is ?trace_id=.
+const filters = ['tenant', 'entity', 'code', 'route', 'caller', 'trace-id', 'since', 'until', 'limit', 'cursor'] as const
 const formats = ['table', 'json', 'ndjson', 'csv'] as const
 type Format = (typeof formats)[number]
 
@@ -23,7 +24,7 @@ export async function runAudit(flags: Flags): Promise<number> {
   const params = new URLSearchParams()
   for (const f of filters) {
     const v = stringFlag(flags, f)
-    if (v !== undefined) params.set(f, v)
+    if (v !== undefined) params.set(f.replace('-', '_'), v)
   }
   const format = formatOf(flags)
   if (flags.follow) return follow(flags, params, format)
@@ -56,16 +57,16 @@ function formatOf(flags: Flags): Format {
   return f as Format
 }
 
-const tableHeader = ['at', 'code', 'route', 'entity', 'presented', 'highest', 'request'].join('\t')
+const tableHeader = ['at', 'code', 'route', 'entity', 'presented', 'highest', 'request', 'trace'].join('\t')
 const tableLine = (i: AuditItem) =>
-  [i.at, i.code, i.route ?? '-', i.entity ?? '-', i.presented_fence ?? '-', i.highest_fence ?? '-', `${i.method} ${i.path} ${i.request_id}`].join('\t')
+  [i.at, i.code, i.route ?? '-', i.entity ?? '-', i.presented_fence ?? '-', i.highest_fence ?? '-', `${i.method} ${i.path} ${i.request_id}`, i.trace_id ?? '-'].join('\t')
 
 async function fromDatabase<T>(flags: Flags, params: URLSearchParams, read: (store: ReturnType<typeof createStore>, query: ReturnType<typeof parseAuditQuery>) => Promise<T>): Promise<T> {
   let query
   try {
     query = parseAuditQuery(params)
   } catch (err) {
-    if (err instanceof FencegateError) throw new UsageError(err.detail.replace(/^(\w+)/, '--$1'))
+    if (err instanceof FencegateError) throw new UsageError(err.detail.replace(/^(\w+)/, (name) => `--${name.replace('_', '-')}`))
     throw err
   }
   const { url, dataDir } = storeLocation(flags, process.env)

@@ -10,7 +10,7 @@ import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
 import { storeSpans } from '../observe/store-spans.js'
-import { correlatedLogger, noTracing, type OpenSpan, type Tracing } from '../observe/tracing.js'
+import { correlatedLogger, noTracing, traceIdOf, type OpenSpan, type Tracing } from '../observe/tracing.js'
 import { endJobSpan, startRequestSpan } from './spans.js'
 import { createPipeline, failureProblem } from './pipeline.js'
 import { toResponse, type Answer, type HeaderView } from '../http/exchange.js'
@@ -97,8 +97,8 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: { template: string; id?: string } }): Promise<Answer> => {
     let answer: Answer | undefined
     try {
-      // A traced call's statements are spans under its own, and its log lines carry its ids.
-      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span) })
+      // A traced call's statements are spans under its own, and its log lines and audit rows carry its ids.
+      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span), traceId: traceIdOf(traced.span) })
     } catch (err) {
       const problem = failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed')
       if (traced) endJobSpan(traced.span, request.method, traced.route, problem.status, problem.code)

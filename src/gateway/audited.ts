@@ -1,5 +1,6 @@
 import { FencegateError } from '../http/problems.js'
 import { storeCode } from '../store/db.js'
+import { traceIdOf } from '../observe/tracing.js'
 import type { PipelineContext } from './context.js'
 import { timed, type Trace } from './trace.js'
 
@@ -33,6 +34,7 @@ export async function auditRejection(ctx: Pick<PipelineContext, 'store' | 'log'>
     tenant: trace.identity!.tenant, route: trace.route!.config.name, entity: trace.entity ?? trace.auditEntity?.() ?? null, code: err.code,
     presentedFence: trace.fence ?? null, highestFence: null, method: trace.method, path: trace.path,
     bodySha256: trace.bodySha256 ?? null, caller: trace.identity!.caller, requestId: trace.requestId, idempotencyKey: trace.key ?? null,
+    traceId: traceIdOf(trace.span),
   })).catch((auditErr: unknown) => {
     // The client still learns what it got wrong; the lost row is logged by its id.
     ctx.log.error('audit_write_failed', { request_id: trace.requestId, code: err.code, store_code: storeCode(auditErr) })

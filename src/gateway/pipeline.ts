@@ -22,7 +22,7 @@ import type { Route } from './route.js'
 import { logDecision, type Trace } from './trace.js'
 import { startRequestSpan } from './spans.js'
 import { storeSpans } from '../observe/store-spans.js'
-import { correlatedLogger, type OpenSpan } from '../observe/tracing.js'
+import { correlatedLogger, traceIdOf, type OpenSpan } from '../observe/tracing.js'
 import { forwardUpstream } from './upstream.js'
 
 export type { PipelineDeps } from './context.js'
@@ -151,6 +151,7 @@ async function reserveCommand(ctx: PipelineContext, input: CommandInput, trace: 
     tenant: identity.tenant, route: rc.name, entity: trace.entity ?? null, fence: trace.fence ?? null,
     method: trace.method, path: trace.path, bodySha256: trace.bodySha256 ?? null,
     caller: identity.caller, requestId: trace.requestId, idempotency: claim, leaseJob: leaseJobOf(rc.fence, trace.entity),
+    traceId: traceIdOf(trace.span),
   }
   const held = claim ? { tenant: identity.tenant, key: claim.key, ownerToken: claim.ownerToken } : undefined
   let reservation: Reservation

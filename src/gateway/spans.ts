@@ -24,7 +24,7 @@ function spanMethod(method: string): string {
  * Starts a data-plane request's SERVER span, named by its method until routing names the
  * route (never by the raw path: paths carry entity ids, a trace backend's names must not).
  */
-export function startRequestSpan(tracing: Tracing, request: Inbound): OpenSpan {
+export function startRequestSpan(tracing: Tracing, request: Pick<Inbound, 'method' | 'url' | 'headers'>): OpenSpan {
   if (!tracing.enabled) return tracing.server('', request.headers, none)
   return tracing.server(spanMethod(request.method), request.headers, {
     ...methodAttributes(request.method),
@@ -77,6 +77,22 @@ export function endJobSpan(span: OpenSpan, method: string, route: { template: st
     [ATTR_HTTP_ROUTE]: route.template,
     [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
     'fencegate.job.id': route.id,
+    'fencegate.decision': code,
+  })
+  span.end(status >= 500 ? (code ?? String(status)) : undefined)
+}
+
+/**
+ * The SERVER span of an admin-plane request (src/admin/app.ts), ended with its answer: named
+ * `{METHOD} {route template}` as Hono matched it (`POST /entities/:entity/bump`, the same
+ * template the admin metrics count by), the method alone when no route matched; a refusal's
+ * problem code is the decision.
+ */
+export function endAdminSpan(span: OpenSpan, method: string, template: string | undefined, status: number, code?: string): void {
+  if (template !== undefined) span.rename(`${spanMethod(method)} ${template}`)
+  span.set({
+    [ATTR_HTTP_ROUTE]: template,
+    [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
     'fencegate.decision': code,
   })
   span.end(status >= 500 ? (code ?? String(status)) : undefined)

@@ -16,6 +16,8 @@ export interface JobCall {
   identity: Identity
   /** The job id in the path, checked (`job_not_found` when it cannot be one). */
   jobId: string
+  /** The trace of the call, for the audit rows it writes; null when untraced. */
+  traceId: string | null
 }
 
 /** The shared pieces every job route uses. */

@@ -1,6 +1,6 @@
 import type { Config } from '../config/schema.js'
 import type { Answer } from '../http/exchange.js'
-import type { Authenticate, Identity } from '../http/identity.js'
+import type { Authenticate } from '../http/identity.js'
 import type { Rejection } from '../store/audit.js'
 import type { Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
@@ -30,9 +30,10 @@ export interface JobsApiDeps {
 
 /**
  * The job API's handler: an answer, or undefined when no job route matches (the caller's router
- * goes on). `scope` replaces the statements and the logger for this call (a traced call's spans and log ids).
+ * goes on). `scope` replaces the statements and the logger for this call (a traced call's spans and log ids),
+ * and names its trace for the audit rows it writes.
  */
-export type JobsApi = (request: Inbound, requestId: string, scope?: { jobs: JobStore; log: Logger }) => Promise<Answer | undefined>
+export type JobsApi = (request: Inbound, requestId: string, scope?: { jobs: JobStore; log: Logger; traceId?: string | null }) => Promise<Answer | undefined>
 
 
 /**
@@ -66,10 +67,11 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
     if (!found) return undefined
     const identity = await authenticate(request)
     const jobId = found.id === undefined ? '' : jobIdOf(found.id)
+    const call: JobCall = { request, requestId, identity, jobId, traceId: scope?.traceId ?? null }
     try {
-      return await found.route(scope ? { ...ctx, ...scope } : ctx, { request, requestId, identity, jobId })
+      return await found.route(scope ? { ...ctx, jobs: scope.jobs, log: scope.log } : ctx, call)
     } catch (err) {
-      if (err instanceof FencegateError && refusedCaller.has(err.code)) await auditRefusal(deps, err.code, request, requestId, identity, jobId)
+      if (err instanceof FencegateError && refusedCaller.has(err.code)) await auditRefusal(deps, err.code, call)
       throw err
     }
   }
@@ -78,11 +80,11 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
 /** Refusals of who the caller is, audited: a token used beyond its scope or for another worker. */
 const refusedCaller: ReadonlySet<string> = new Set(['insufficient_scope', 'worker_mismatch'])
 
-async function auditRefusal(deps: JobsApiDeps, code: string, request: Inbound, requestId: string, identity: Identity, jobId: string): Promise<void> {
+async function auditRefusal(deps: JobsApiDeps, code: string, { request, requestId, identity, jobId, traceId }: JobCall): Promise<void> {
   try {
     await deps.audit?.({
       tenant: identity.tenant, route: null, entity: jobId ? `job:${jobId}` : null, code, presentedFence: null, highestFence: null,
-      method: request.method, path: request.url.pathname, bodySha256: null, caller: identity.caller, requestId,
+      method: request.method, path: request.url.pathname, bodySha256: null, caller: identity.caller, requestId, traceId,
     })
   } catch {
     // The refusal stands without its row; the store's failure is logged where it is seen next.
@@ -231,7 +233,7 @@ async function append(ctx: JobsContext, call: JobCall): Promise<Answer> {
 async function complete(ctx: JobsContext, call: JobCall): Promise<Answer> {
   const body = await jsonBody(call.request, completeBody, ctx.limit)
   const h = holder(call, body)
-  const r = await ctx.jobs.complete(h, body.result, { requestId: call.requestId, caller: call.identity.caller, path: call.request.url.pathname })
+  const r = await ctx.jobs.complete(h, body.result, { requestId: call.requestId, caller: call.identity.caller, path: call.request.url.pathname, traceId: call.traceId })
   if (r.completed || r.repeated) return jsonAnswer(200, { job_id: h.jobId, state: 'succeeded' }, call.requestId)
   throw await lost(ctx, h, 'not_owner')
 }

@@ -7,6 +7,8 @@ export interface CompletionAudit {
   requestId: string
   caller: string | null
   path: string
+  /** The trace of the request, for the audit row; null or absent when untraced. */
+  traceId?: string | null
 }
 
 interface Completing {
@@ -51,7 +53,7 @@ export function createJobCompleter(db: Db, schedule?: Schedule) {
 async function completeAll(db: Db, batch: Completing[]): Promise<JobCompletion[]> {
   const rows = batch.map((c, i) => ({
     i, job_id: c.holder.jobId, tenant: c.holder.tenant, owner: c.holder.workerId, fence: c.holder.fence,
-    result: c.result, path: c.audit.path, caller: c.audit.caller, request_id: c.audit.requestId,
+    result: c.result, path: c.audit.path, caller: c.audit.caller, request_id: c.audit.requestId, trace_id: c.audit.traceId ?? null,
   }))
   const decided = await db.sql<{ i: number; completed: boolean; repeated: boolean }>`
     SELECT i, completed, repeated FROM fg_complete_jobs(${JSON.stringify(rows)}::text::jsonb) ORDER BY i`

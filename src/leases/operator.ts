@@ -14,6 +14,8 @@ export interface OperatorAction {
   jobId: string
   caller: string | null
   requestId: string
+  /** The trace of the admin request, for the audit row; null or absent when untraced. */
+  traceId?: string | null
 }
 
 /** What the action left: the job's state and fence after it. */
@@ -43,8 +45,8 @@ export async function cancelAsOperator(db: Db, a: OperatorAction): Promise<Opera
       WHERE id = ${a.jobId}::bigint AND tenant = ${a.tenant} AND state IN ('queued', 'running')
       RETURNING id, state, fence
     ), audited AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id)
-      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_cancelled', fence, 'POST', '/jobs/' || id::text || '/cancel', ${a.caller}, ${a.requestId}
+      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id, trace_id)
+      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_cancelled', fence, 'POST', '/jobs/' || id::text || '/cancel', ${a.caller}, ${a.requestId}, ${a.traceId}::text
       FROM acted RETURNING id
     )
     SELECT state, fence::text AS fence FROM acted CROSS JOIN (SELECT count(*) FROM audited) AS w`
@@ -74,8 +76,8 @@ export async function releaseAsOperator(db: Db, a: OperatorAction): Promise<Oper
     ), woken AS (
       SELECT pg_notify(${jobsChannel}, type || ':' || ${a.tenant}::text) FROM acted WHERE state = 'queued'
     ), audited AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id)
-      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_released', fence, 'POST', '/jobs/' || id::text || '/release', ${a.caller}, ${a.requestId}
+      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id, trace_id)
+      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_released', fence, 'POST', '/jobs/' || id::text || '/release', ${a.caller}, ${a.requestId}, ${a.traceId}::text
       FROM acted RETURNING id
     )
     SELECT state, fence::text AS fence FROM acted
@@ -105,8 +107,8 @@ export async function retryAsOperator(db: Db, a: OperatorAction): Promise<Operat
     ), woken AS (
       SELECT pg_notify(${jobsChannel}, type || ':' || ${a.tenant}::text) FROM acted
     ), audited AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id)
-      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_retried', fence, 'POST', '/jobs/' || id::text || '/retry', ${a.caller}, ${a.requestId}
+      INSERT INTO fg_audit (tenant, route, entity, code, highest_fence, method, path, caller, request_id, trace_id)
+      SELECT ${a.tenant}, NULL, 'job:' || id::text, 'job_retried', fence, 'POST', '/jobs/' || id::text || '/retry', ${a.caller}, ${a.requestId}, ${a.traceId}::text
       FROM acted RETURNING id
     )
     SELECT state, fence::text AS fence FROM acted

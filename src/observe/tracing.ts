@@ -64,6 +64,17 @@ export const noTracing: Tracing = {
 }
 
 /**
+ * The trace id an audit row records for a request: its span's, sampled or not (its log lines
+ * and the upstream's `traceparent` carry it either way); null when tracing is off.
+ *
+ * @example
+ * await store.bumpFence({ tenant, entity, minFence, caller, requestId, traceId: traceIdOf(span) })
+ */
+export function traceIdOf(span: OpenSpan | undefined): string | null {
+  return span?.ids?.trace_id ?? null
+}
+
+/**
  * A logger whose lines carry the span's `trace_id` and `span_id`: one wrapper per traced
  * request for every line written while it is handled, rather than a field at each call.
  * Without ids (tracing off) it is the logger itself.

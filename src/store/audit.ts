@@ -20,6 +20,8 @@ export interface Rejection {
   caller: string | null
   requestId: string
   idempotencyKey?: string | null
+  /** The trace of the request that was refused (32 lowercase hex digits); null or absent when it had none. */
+  traceId?: string | null
 }
 
 /** Filters shared by reading the audit trail and counting it. Times are on the database clock. */
@@ -29,6 +31,8 @@ export interface AuditFilter {
   code?: string | undefined
   route?: string | undefined
   caller?: string | undefined
+  /** Only rows of this trace (32 lowercase hex digits). */
+  traceId?: string | undefined
   /** ISO timestamp or, with sinceMs, a window ending at the database's now(). */
   since?: string | undefined
   sinceMs?: number | undefined
@@ -58,6 +62,8 @@ export interface AuditItem {
   caller: string | null
   request_id: string
   idempotency_key: string | null
+  /** The trace of the request that caused the row; null when it had none (tracing off, or before migration 0016). */
+  trace_id: string | null
 }
 
 /** Rejections of one code in one time bucket; `at` is the bucket's start. */
@@ -70,21 +76,22 @@ export interface AuditBucket {
 export async function recordRejection(db: Db, r: Rejection): Promise<void> {
   await db.sql`
     INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence,
-                          method, path, body_sha256, caller, request_id, idempotency_key)
+                          method, path, body_sha256, caller, request_id, idempotency_key, trace_id)
     VALUES (${r.tenant}, ${r.route}, ${r.entity}, ${r.code}, ${r.presentedFence}::bigint, ${r.highestFence}::bigint,
-            ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId}, ${r.idempotencyKey})`
+            ${r.method}, ${r.path}, ${r.bodySha256}, ${r.caller}, ${r.requestId}, ${r.idempotencyKey}, ${r.traceId})`
 }
 
 export async function listAudit(db: Db, q: AuditQuery): Promise<AuditItem[]> {
   return db.sql<AuditItem>`
     SELECT id::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, route, entity, code,
-           presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key
+           presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key, trace_id
     FROM fg_audit
     WHERE (${q.tenant}::text IS NULL OR tenant = ${q.tenant})
       AND (${q.entity}::text IS NULL OR entity = ${q.entity})
       AND (${q.code}::text IS NULL OR code = ${q.code})
       AND (${q.route}::text IS NULL OR route = ${q.route})
       AND (${q.caller}::text IS NULL OR caller = ${q.caller})
+      AND (${q.traceId}::text IS NULL OR trace_id = ${q.traceId})
       AND (${q.since}::timestamptz IS NULL OR at >= ${q.since}::timestamptz)
       AND (${q.sinceMs}::bigint IS NULL OR at >= now() - ${q.sinceMs}::bigint * interval '1 millisecond')
       AND (${q.until}::timestamptz IS NULL OR at < ${q.until}::timestamptz)
@@ -114,6 +121,7 @@ export async function summarizeAudit(db: Db, q: AuditFilter, bucketMs: number): 
       AND (${q.code}::text IS NULL OR code = ${q.code})
       AND (${q.route}::text IS NULL OR route = ${q.route})
       AND (${q.caller}::text IS NULL OR caller = ${q.caller})
+      AND (${q.traceId}::text IS NULL OR trace_id = ${q.traceId})
       AND (${q.since}::timestamptz IS NULL OR at >= ${q.since}::timestamptz)
       AND (${q.sinceMs}::bigint IS NULL OR at >= now() - ${q.sinceMs}::bigint * interval '1 millisecond')
       AND (${q.until}::timestamptz IS NULL OR at < ${q.until}::timestamptz)

@@ -20,6 +20,8 @@ export interface Command {
    * unexpired lease of a running job.
    */
   leaseJob?: string | null
+  /** The trace of the request (32 lowercase hex digits), for the audit row of a refusal; null or absent when untraced. */
+  traceId?: string | null
 }
 
 /** What an idempotent command claims: a key for a payload, and how long it may hold it. */
@@ -74,7 +76,7 @@ interface ReserveRow extends PositionRow {
 
 /**
  * Presents the fence and reserves the key in ONE call, `fg_reserve`
- * (migrations/0014_reserve_in_steps.sql), in one transaction: the lease is checked,
+ * (migrations/0014_reserve_in_steps.sql, 0016), in one transaction: the lease is checked,
  * the fence is decided by `fg_present_fence` (a stale fence touches no key), then the
  * key is inserted, or the existing record is locked and returned. A record is taken
  * over only when it expired, or when it is an unknown outcome of the same payload on
@@ -96,7 +98,7 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
     FROM fg_reserve(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
       ${c.bodySha256}, ${c.caller}, ${c.requestId}, ${k?.key ?? null}, ${k?.fingerprint ?? null},
       ${k?.ownerToken ?? null}, ${k?.lockMs ?? null}::bigint, ${k?.ttlMs ?? null}::bigint, ${k?.retryUnknown ?? false}::boolean,
-      ${c.leaseJob ?? null}::bigint) r`
+      ${c.leaseJob ?? null}::bigint, ${c.traceId ?? null}::text) r`
   return { reservation: decide(row!, c), position: readPosition(row) }
 }
 
@@ -117,9 +119,10 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
  */
 async function presentFence(db: Db, c: Command): Promise<Positioned> {
   // Target-list items are evaluated in order: the position is read after the function wrote.
+  // The trace id by name: this call has no key to pass before it (p_key keeps its default).
   const [row] = await db.sql<{ highest: string } & PositionRow>`
     SELECT fg_present_fence(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
-      ${c.bodySha256}, ${c.caller}, ${c.requestId})::text AS highest,
+      ${c.bodySha256}, ${c.caller}, ${c.requestId}, p_trace_id => ${c.traceId ?? null}::text)::text AS highest,
       pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
       CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS fg_lsn,
       extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot`

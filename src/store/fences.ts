@@ -7,6 +7,8 @@ export interface Bump {
   minFence: string
   caller: string | null
   requestId: string
+  /** The trace of the admin request that bumped, for its audit row; null or absent when untraced. */
+  traceId?: string | null
 }
 
 /** What a bump did: the highest fence before and after; `raised` is false when it was already at or above. */
@@ -43,9 +45,9 @@ export async function bumpFence(db: Db, b: Bump): Promise<BumpResult> {
       FROM raised WHERE previous_fence IS NULL OR highest_fence > previous_fence
       RETURNING id
     ), audited AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, caller, request_id)
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, caller, request_id, trace_id)
       SELECT ${b.tenant}, NULL, ${b.entity}, 'fence_bumped', ${b.minFence}::bigint, (SELECT previous_fence FROM raised),
-             'POST', '/entities/bump', ${b.caller}, ${b.requestId}
+             'POST', '/entities/bump', ${b.caller}, ${b.requestId}, ${b.traceId}::text
       RETURNING id
     )
     SELECT (SELECT previous_fence FROM raised)::text AS previous, (SELECT highest_fence FROM raised)::text AS highest

@@ -57,12 +57,21 @@ export async function getKey(db: Db, tenant: string, key: string): Promise<KeySt
   return rows[0]
 }
 
+/** An operator's release of a key, and the admin request's trace for its audit row (null or absent when untraced). */
+export interface KeyRelease {
+  tenant: string
+  key: string
+  caller: string | null
+  requestId: string
+  traceId?: string | null
+}
+
 /**
  * Deletes an `outcome_unknown` record (or an in-flight one whose lock expired)
  * after an operator reconciled it with the upstream, and audits who did it.
  * Returns the state it found, or undefined when there was no live record.
  */
-export async function releaseUnknown(db: Db, r: { tenant: string; key: string; caller: string | null; requestId: string }): Promise<{ released: boolean; state: string } | undefined> {
+export async function releaseUnknown(db: Db, r: KeyRelease): Promise<{ released: boolean; state: string } | undefined> {
   const [row] = await db.sql<{ state: string; released: boolean }>`
     WITH target AS (
       SELECT tenant, key, state, route, entity, fence,
@@ -74,8 +83,8 @@ export async function releaseUnknown(db: Db, r: { tenant: string; key: string; c
       WHERE i.tenant = t.tenant AND i.key = t.key AND t.releasable
       RETURNING i.key
     ), audited AS (
-      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, caller, request_id, idempotency_key)
-      SELECT t.tenant, t.route, t.entity, 'idempotency_key_released', t.fence, 'DELETE', '/idempotency', ${r.caller}, ${r.requestId}, t.key
+      INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, method, path, caller, request_id, idempotency_key, trace_id)
+      SELECT t.tenant, t.route, t.entity, 'idempotency_key_released', t.fence, 'DELETE', '/idempotency', ${r.caller}, ${r.requestId}, t.key, ${r.traceId}::text
       FROM target AS t WHERE t.releasable
       RETURNING id
     )

@@ -6,7 +6,7 @@ import { createCompleter, type Completion, type Schedule } from './completions.j
 import { listAudit, purgeAudit, recordRejection, summarizeAudit, type AuditBucket, type AuditFilter, type AuditItem, type AuditQuery, type Rejection } from './audit.js'
 import { listFenceHistory, purgeFenceHistory, type FenceChange, type FenceHistoryQuery } from './fence-history.js'
 import { reserve, type Command, type Reservation } from './commands.js'
-import { getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, type EntityKey, type Held, type KeyState } from './keys.js'
+import { getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, type EntityKey, type Held, type KeyRelease, type KeyState } from './keys.js'
 
 export type { AuditBucket, AuditFilter, AuditItem, AuditQuery, Rejection } from './audit.js'
 export type { FenceChange, FenceHistoryQuery } from './fence-history.js'
@@ -24,7 +24,7 @@ export interface EntityState {
 export type { Bump, BumpResult } from './fences.js'
 export type { SlotDecision, SlotRequest } from './ordering.js'
 export type { Command, IdempotencyClaim, Reservation, StoredResponse } from './commands.js'
-export type { Held, KeyState } from './keys.js'
+export type { Held, KeyRelease, KeyState } from './keys.js'
 
 /**
  * Everything the gateway asks of its database. Each method is one statement,
@@ -39,7 +39,7 @@ export interface Store {
   release(held: Held): Promise<boolean>
   markUnknown(held: Held): Promise<boolean>
   getKey(tenant: string, key: string): Promise<KeyState | undefined>
-  releaseUnknown(request: { tenant: string; key: string; caller: string | null; requestId: string }): Promise<{ released: boolean; state: string } | undefined>
+  releaseUnknown(request: KeyRelease): Promise<{ released: boolean; state: string } | undefined>
   purgeExpired(limit: number): Promise<number>
   /** Writes one audit row for a command rejected before it reached the fence. */
   recordRejection(rejection: Rejection): Promise<void>

@@ -46,7 +46,7 @@ export async function startTestGateway(options: { config: Config; store: Store; 
   const undici = createUndiciForward({ tls: loadUpstreamTls(options.config.routes) })
   const authenticate = options.authenticate ?? noAuthentication
   const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}), ...(options.outcomeWaits ? { outcomeWaits: options.outcomeWaits } : {}), ...(options.browserGuard ? { browserGuard: options.browserGuard } : {}) })
-  const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}) })
+  const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}), ...(options.tracing ? { tracing: options.tracing } : {}) })
   const maxHeader = options.config.server.max_header_bytes
   const linger = { timeMs: options.config.server.lingering_time, timeoutMs: options.config.server.lingering_timeout }
   const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger, linger), '127.0.0.1', 0, maxHeader)

@@ -8,12 +8,14 @@ export interface AuditItem {
   id: string; at: string; tenant: string; route: string | null; entity: string | null; code: string
   presented_fence: string | null; highest_fence: string | null; method: string; path: string
   caller: string | null; request_id: string
+  /** The trace of the request that caused the row (32 hex digits); null when it was not traced. */
+  trace_id: string | null
 }
 interface AuditPage { items: AuditItem[]; next_cursor: string | null }
 interface Summary { bucket_ms: number; buckets: { at: string; code: string; count: number }[] }
 
 const ranges: [string, string, number][] = [['15m', 'last 15 minutes', 15_000], ['1h', 'last hour', 60_000], ['6h', 'last 6 hours', 300_000], ['24h', 'last 24 hours', 900_000], ['7d', 'last 7 days', 3_600_000]]
-const filterNames = ['code', 'route', 'entity', 'tenant', 'caller'] as const
+const filterNames = ['code', 'route', 'entity', 'tenant', 'caller', 'trace_id'] as const
 const pageSize = 25
 /** How often the first page and the chart are read again while "Live" is on. */
 export const pollMs = 3000
@@ -110,6 +112,7 @@ function filterForm(filters: Record<string, string>, since: string): HTMLFormEle
     input('entity', 'Entity', 'invoice:42'),
     input('tenant', 'Tenant', 'every tenant'),
     input('caller', 'Caller', 'worker-7'),
+    input('trace_id', 'Trace id', '32 hex digits'),
     h('label', {}, 'Time range', h('select', { name: 'since' }, ranges.map(([v, text]) => h('option', { value: v, selected: v === since }, text)))),
     h('div', { class: 'actions' }, h('button', { type: 'submit', class: 'primary' }, 'Apply'), h('a', { href: '#/rejections', class: 'button' }, 'Clear')))
   form.addEventListener('submit', (e) => {
@@ -132,8 +135,31 @@ export function auditTable(items: AuditItem[], fresh: Set<string>): HTMLElement 
     h('td', { class: 'num' }, i.highest_fence ?? '—'),
     h('td', {}, i.caller ?? '—'),
     h('td', {}, i.tenant),
-    h('td', { class: 'mono' }, `${i.method} ${i.path}`, h('br'), h('small', {}, i.request_id))))
-  return table(['When', 'Code', 'Route', 'Entity', 'Presented', 'Highest', 'Caller', 'Tenant', 'Request'], rows, 'Rejected commands, newest first', 'No rejections match these filters in this time range. That is good news: every command was accepted.')
+    h('td', { class: 'mono' }, `${i.method} ${i.path}`, h('br'), h('small', {}, i.request_id)),
+    i.trace_id ? traceCell(i.trace_id) : h('td', {}, '—')))
+  return table(['When', 'Code', 'Route', 'Entity', 'Presented', 'Highest', 'Caller', 'Tenant', 'Request', 'Trace'], rows, 'Rejected commands, newest first', 'No rejections match these filters in this time range. That is good news: every command was accepted.')
+}
+
+/**
+ * A row's trace id, to look the request up in the tracing backend: selectable text (one click
+ * selects all of it), a Copy button, and a link to the rows of that trace alone.
+ */
+function traceCell(traceId: string): HTMLTableCellElement {
+  const text = h('code', { class: 'trace-id' }, traceId)
+  const copy = h('button', { type: 'button', class: 'copy', 'aria-label': `Copy trace id ${traceId}` }, 'Copy')
+  copy.addEventListener('click', () => void copyTraceId(traceId, text, copy))
+  return h('td', { class: 'trace' }, text, h('br'), copy, ' ', h('a', { href: `#/rejections?trace_id=${traceId}`, title: 'Only the rows of this trace' }, 'this trace only'))
+}
+
+async function copyTraceId(traceId: string, text: HTMLElement, button: HTMLButtonElement): Promise<void> {
+  try {
+    await navigator.clipboard.writeText(traceId)
+    button.textContent = 'Copied'
+  } catch {
+    // No clipboard (a page served over plain HTTP from another host is no secure context): select it for Ctrl+C.
+    getSelection()?.selectAllChildren(text)
+    button.textContent = 'Selected: press Ctrl+C'
+  }
 }
 
 function parseRange(since: string): number {

@@ -123,7 +123,7 @@ export async function startGateway(options: {
   // Duplicates' polls are budgeted from this process's own pool.
   const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(max) })
   const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
-  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics })
+  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing })
   let data: Server | undefined
   let adminServer: Server | undefined
   try {
