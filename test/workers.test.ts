@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
 import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
-import { startKeyCountingUpstream } from './helpers/upstream.js'
+import { closedPort, startKeyCountingUpstream } from './helpers/upstream.js'
 import { restartBackoff } from '../src/runtime/node/supervisor.js'
 
 /**
@@ -139,6 +139,17 @@ describe.skipIf(!bin)('a gateway of two workers', () => {
     const pids = await until('two worker pids', async () => (workerPids(orphaned).length === 2 ? workerPids(orphaned) : undefined))
     orphaned.child.kill('SIGKILL')
     await until('workers gone', async () => (pids.every((p) => !alive(p)) ? true : undefined))
+  })
+
+  it('stops the whole gateway when a worker cannot start, instead of restarting it forever', async () => {
+    // A store nobody listens on: every worker fails before it ever served.
+    const nobody = await closedPort()
+    const config = writeConfig({ server: { port: 0, admin_port: 0, workers: 2 }, routes: [{ name: 'c', method: 'POST', path: '/c/:id', upstream: upstream.url, entity: 'c:{params.id}' }] })
+    const res = await runCli(['serve', '--config', config, '--database-url', `postgres://postgres@127.0.0.1:${nobody}/none`])
+    expect(res.code).toBe(1)
+    const events = res.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { event: string; worker?: number })
+    expect(events.filter((e) => e.event === 'worker_failed_to_start').length).toBeGreaterThanOrEqual(1)
+    expect(events.some((e) => e.event === 'worker_exited')).toBe(false)
   })
 
   it('refuses several workers on the embedded store, naming server.workers', async () => {

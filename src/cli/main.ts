@@ -186,4 +186,7 @@ async function main(argv: string[]): Promise<number> {
 
 main(process.argv.slice(2)).then((code) => {
   if (code !== 0) process.exitCode = code
+  // A worker of `serve --workers` that failed keeps its channel to the supervisor open, which
+  // kept it alive: the supervisor never saw it exit and waited forever. It exits now, with its code.
+  if (code !== 0 && process.connected) process.exit(code)
 })
