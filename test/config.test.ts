@@ -70,7 +70,7 @@ describe('parseConfig defaults', () => {
       allowed_hosts: [],
     })
     expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
-    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
     expect(config.store.url).toBeUndefined()
     expect(config.log).toEqual({ level: 'info' })
     expect(config.routes).toHaveLength(1)
@@ -127,7 +127,7 @@ describe('parseConfig defaults', () => {
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
     expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [] })
-    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
+    expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
   it('accepts the fencegate.example.yaml shape', () => {
@@ -266,6 +266,8 @@ describe('parseConfig rejects invalid values, naming the field', () => {
     ['empty data_dir', { store: { data_dir: '' } }, 'store.data_dir'],
     ['connect_timeout under 100ms', { store: { connect_timeout: '50ms' } }, 'store.connect_timeout', 'at least 100ms'],
     ['connect_timeout over 60s', { store: { connect_timeout: '2m' } }, 'store.connect_timeout', 'at most 60s'],
+    ['purge_interval under 1s', { store: { purge_interval: '500ms' } }, 'store.purge_interval', 'at least 1s'],
+    ['purge_interval over 1h', { store: { purge_interval: '2h' } }, 'store.purge_interval', 'at most 1h'],
     ['unknown pooler mode', { store: { pooler: 'session' } }, 'store.pooler'],
     ['no connections', { store: { max_connections: 0 } }, 'store.max_connections'],
     ['too many connections', { store: { max_connections: 101 } }, 'store.max_connections'],
@@ -448,7 +450,7 @@ describe('${VAR} expansion', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL}, data_dir: .fencegate }\n${routeYaml()}`, {
       DATABASE_URL: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require',
     })
-    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
+    expect(config.store).toEqual({ url: 'postgres://user:p%40ss@db:5432/fencegate?sslmode=require', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
   it('expands a value containing "," and "}" inside a flow mapping without breaking it', () => {
@@ -456,7 +458,7 @@ describe('${VAR} expansion', () => {
       DATABASE_URL: 'postgres://h/db?options=a,b}',
       DIR: '/var/lib/fg, x',
     })
-    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
+    expect(config.store).toEqual({ url: 'postgres://h/db?options=a,b}', data_dir: '/var/lib/fg, x', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
   it('expands a variable inside a longer string', () => {
@@ -495,7 +497,7 @@ describe('${VAR} expansion', () => {
 
   it('${VAR:-} inside a flow mapping also leaves store.url absent', () => {
     const config = loadConfigText(`store: { url: \${DATABASE_URL:-}, data_dir: .fencegate }\n${routeYaml()}`, {})
-    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false })
+    expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
   it('an unset ${VAR} is an error naming the variable and the field', () => {

@@ -141,6 +141,23 @@ describe.skipIf(!bin)('a gateway of two workers', () => {
     await until('workers gone', async () => (pids.every((p) => !alive(p)) ? true : undefined))
   })
 
+  it('runs the purges in one worker, once per store.purge_interval for the whole gateway', async () => {
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0, workers: 2 }, store: { max_connections: 4, purge_interval: '1s' }, log: { level: 'debug' },
+      routes: [{ name: 'c', method: 'POST', path: '/c/:id', upstream: upstream.url, entity: 'c:{params.id}', fence: 'required' }],
+    })
+    const purging = await startGatewayProcess(['--config', config, '--database-url', cluster.url])
+    try {
+      await until('both workers live', async () => ((await health(purging)).workers === 2 ? true : undefined))
+      const runs = () => purging.lines.map((l) => JSON.parse(l) as { event: string; worker?: number }).filter((l) => l.event === 'purge_ran')
+      // Each worker's timer ticks every second; had both purged, four runs would hold both indexes.
+      const seen = await until('four purge runs', async () => (runs().length >= 4 ? runs() : undefined), 600)
+      expect(new Set(seen.map((r) => r.worker))).toEqual(new Set([0]))
+    } finally {
+      await purging.stop()
+    }
+  })
+
   it('stops the whole gateway when a worker cannot start, instead of restarting it forever', async () => {
     // A store nobody listens on: every worker fails before it ever served.
     const nobody = await closedPort()

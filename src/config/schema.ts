@@ -54,6 +54,8 @@ export const configSchema = z.object({
     max_connections: integer(1, 100).default(defaultMaxConnections),
     // Refuse commands while no synchronous standby confirms commits (docs/operations.md#failover).
     require_replicated: z.boolean().default(false),
+    // How often expired keys, and audit rows and fence history past their retention, are deleted.
+    purge_interval: duration.pipe(z.number().min(1000, 'must be at least 1s').max(3_600_000, 'must be at most 1h')).default(60_000),
   }).strict().prefault({}),
   log: z.object({
     level: z.enum(['debug', 'info', 'warn', 'error', 'silent']).default('info'),

@@ -142,10 +142,10 @@ export async function startGateway(options: {
   // With several workers the first one purges: once per interval for the whole gateway.
   const purge = setInterval(() => {
     if (cluster && cluster.index !== 0) return
-    purgeOnce(store, config, metrics).catch(() => log.warn('purge_failed'))
+    purgeOnce(store, config, metrics).then((purged) => log.debug('purge_ran', { ...purged }), () => log.warn('purge_failed'))
     // Finished jobs past job_retention, 1000 at a time (src/leases/retention.ts).
     jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
-  }, 60_000)
+  }, config.store.purge_interval)
   purge.unref()
   const dataUrl = urlOf(data, config.server.host)
   const adminUrl = urlOf(adminServer, config.server.admin_host)
