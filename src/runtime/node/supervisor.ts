@@ -60,74 +60,108 @@ function answerMetrics(aggregator: AggregatorRegistry<RegistryContentType>, work
  * if (cluster.isPrimary && workers > 1) process.exitCode = await superviseWorkers({ count: workers, log, graceMs: 10_000 })
  */
 export function superviseWorkers(o: SupervisorOptions): Promise<number> {
-  const aggregator = new AggregatorRegistry()
-  const slots = new Map<number, { worker: Worker; startedAt: number; failures: number; ready: boolean }>()
-  let stopping = false
-  let exitCode = 0
-  let ready = false
-  let resolveExit: (code: number) => void = () => {}
-  const exited = new Promise<number>((resolve) => (resolveExit = resolve))
-
-  const live = () => [...slots.values()].filter((s) => s.ready && !s.worker.isDead()).length
-  const broadcast = () => {
-    for (const s of slots.values()) if (s.worker.isConnected()) s.worker.send({ fencegate: 'workers', live: live() } satisfies ClusterMessage)
-  }
-  const fork = (index: number, failures: number) => {
-    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(o.count) })
-    slots.set(index, { worker, startedAt: performance.now(), failures, ready: false })
-    worker.on('message', (message: ClusterMessage) => onMessage(index, worker, message))
-    worker.on('exit', (code, signal) => onExit(index, worker, code, signal))
-  }
-  const onMessage = (index: number, worker: Worker, message: ClusterMessage) => {
-    if (message?.fencegate === 'ready') {
-      slots.get(index)!.ready = true
-      if (!ready && [...slots.values()].every((s) => s.ready)) {
-        ready = true
-        o.log.info('workers_ready', { workers: o.count })
-      }
-      broadcast()
-    } else if (message?.fencegate === 'metrics') {
-      answerMetrics(aggregator, worker, message.id)
-    }
-  }
-  const onExit = (index: number, worker: Worker, code: number | null, signal: string | null) => {
-    const slot = slots.get(index)
-    if (slot?.worker !== worker) return
-    broadcast()
-    if (stopping) {
-      if ([...slots.values()].every((s) => s.worker.isDead())) resolveExit(exitCode)
-      return
-    }
-    if (!slot.ready) {
-      o.log.error('worker_failed_to_start', { worker: index, code, signal })
-      void stop(1)
-      return
-    }
-    const { failures, delayMs } = restartBackoff(slot.failures, performance.now() - slot.startedAt)
-    o.log.warn('worker_exited', { worker: index, code, signal, restart_in_ms: delayMs })
-    setTimeout(() => !stopping && fork(index, failures), delayMs)
-  }
-  const stop = async (code: number) => {
-    if (stopping) return
-    stopping = true
-    exitCode = code
+  const supervisor = new Supervisor(o)
+  const onSignal = () => void supervisor.stop(0)
+  process.on('SIGTERM', onSignal).on('SIGINT', onSignal)
+  // Each worker reads its upstream_tls files again on its own SIGHUP.
+  process.on('SIGHUP', () => supervisor.signalAll('SIGHUP'))
+  supervisor.onStop = () => {
     process.off('SIGTERM', onSignal).off('SIGINT', onSignal)
     // Further signals while the workers drain are for them, not for the supervisor.
     process.on('SIGTERM', () => {}).on('SIGINT', () => {})
-    for (const s of slots.values()) if (!s.worker.isDead()) s.worker.process.kill('SIGTERM')
-    const killer = setTimeout(() => {
-      for (const s of slots.values()) if (!s.worker.isDead()) s.worker.process.kill('SIGKILL')
-    }, o.graceMs + 2000)
-    if ([...slots.values()].every((s) => s.worker.isDead())) resolveExit(code)
-    await exited
+  }
+  supervisor.start()
+  return supervisor.exited
+}
+
+interface Slot {
+  worker: Worker
+  startedAt: number
+  failures: number
+  ready: boolean
+}
+
+/** The workers' slots, one per index, and what happens when one is ready, asks or exits. */
+class Supervisor {
+  private readonly aggregator = new AggregatorRegistry()
+  private readonly slots = new Map<number, Slot>()
+  private stopping = false
+  private exitCode = 0
+  private allReady = false
+  private resolveExit: (code: number) => void = () => {}
+  readonly exited = new Promise<number>((resolve) => (this.resolveExit = resolve))
+  onStop: () => void = () => {}
+
+  constructor(private readonly o: SupervisorOptions) {}
+
+  start(): void {
+    for (let i = 0; i < this.o.count; i++) this.fork(i, 0)
+  }
+
+  signalAll(signal: NodeJS.Signals): void {
+    for (const s of this.slots.values()) if (!s.worker.isDead()) s.worker.process.kill(signal)
+  }
+
+  async stop(code: number): Promise<void> {
+    if (this.stopping) return
+    this.stopping = true
+    this.exitCode = code
+    this.onStop()
+    this.signalAll('SIGTERM')
+    const killer = setTimeout(() => this.signalAll('SIGKILL'), this.o.graceMs + 2000)
+    if (this.allDead()) this.resolveExit(code)
+    await this.exited
     clearTimeout(killer)
   }
-  const onSignal = () => void stop(0)
-  process.on('SIGTERM', onSignal).on('SIGINT', onSignal)
-  // Each worker reads its upstream_tls files again on its own SIGHUP.
-  process.on('SIGHUP', () => {
-    for (const s of slots.values()) if (!s.worker.isDead()) s.worker.process.kill('SIGHUP')
-  })
-  for (let i = 0; i < o.count; i++) fork(i, 0)
-  return exited
+
+  private fork(index: number, failures: number): void {
+    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(this.o.count) })
+    this.slots.set(index, { worker, startedAt: performance.now(), failures, ready: false })
+    worker.on('message', (message: ClusterMessage) => this.onMessage(index, worker, message))
+    worker.on('exit', (code, signal) => this.onExit(index, worker, code, signal))
+  }
+
+  private live(): number {
+    return [...this.slots.values()].filter((s) => s.ready && !s.worker.isDead()).length
+  }
+
+  private allDead(): boolean {
+    return [...this.slots.values()].every((s) => s.worker.isDead())
+  }
+
+  private broadcast(): void {
+    const live = this.live()
+    for (const s of this.slots.values()) if (s.worker.isConnected()) s.worker.send({ fencegate: 'workers', live } satisfies ClusterMessage)
+  }
+
+  private onMessage(index: number, worker: Worker, message: ClusterMessage): void {
+    if (message?.fencegate === 'ready') {
+      this.slots.get(index)!.ready = true
+      if (!this.allReady && [...this.slots.values()].every((s) => s.ready)) {
+        this.allReady = true
+        this.o.log.info('workers_ready', { workers: this.o.count })
+      }
+      this.broadcast()
+    } else if (message?.fencegate === 'metrics') {
+      answerMetrics(this.aggregator, worker, message.id)
+    }
+  }
+
+  private onExit(index: number, worker: Worker, code: number | null, signal: string | null): void {
+    const slot = this.slots.get(index)
+    if (slot?.worker !== worker) return
+    this.broadcast()
+    if (this.stopping) {
+      if (this.allDead()) this.resolveExit(this.exitCode)
+      return
+    }
+    if (!slot.ready) {
+      this.o.log.error('worker_failed_to_start', { worker: index, code, signal })
+      void this.stop(1)
+      return
+    }
+    const { failures, delayMs } = restartBackoff(slot.failures, performance.now() - slot.startedAt)
+    this.o.log.warn('worker_exited', { worker: index, code, signal, restart_in_ms: delayMs })
+    setTimeout(() => !this.stopping && this.fork(index, failures), delayMs)
+  }
 }
