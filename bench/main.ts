@@ -22,6 +22,8 @@ import type { Traffic } from './traffic.js'
 if (process.argv[2] === 'leases') process.exit(await (await import('./leases.js')).runLeasesBench(process.argv.slice(3)))
 // `npm run bench -- faults`: the store-fault run (bench/faults.ts).
 if (process.argv[2] === 'faults') process.exit(await (await import('./faults.js')).runFaultsBench())
+// `npm run bench -- positions`: the cost of tracking acknowledged WAL positions (bench/positions.ts).
+if (process.argv[2] === 'positions') process.exit(await (await import('./positions.js')).runPositionsBench())
 if (process.argv[2] === 'profile') process.exit(await (await import('./profile.js')).runProfile(process.argv.slice(3)))
 
 function line(c: Case, s: Sample): string {
