@@ -2,8 +2,8 @@
 // run in the same bench beside the current build, to show what a change between them costs
 // (issue 30: the identity check, with no switch to turn it off). The ref is checked out
 // into a temporary git worktree, which borrows this checkout's node_modules (it is not
-// reinstalled: the bench says which of the ref's locked packages differ from those
-// installed), and is built with tsc; its `fencegate serve` migrates its own database.
+// reinstalled: the bench says which of the ref's locked packages this checkout's lock has
+// at another version), and is built with tsc; its `fencegate serve` migrates its own database.
 import { execFile } from 'node:child_process'
 import { existsSync, readFileSync, realpathSync, symlinkSync } from 'node:fs'
 import { join } from 'node:path'
@@ -21,7 +21,7 @@ export interface Baseline {
   commit: string
   /** The baseline build's `fencegate` entry point. */
   cli: string
-  /** The ref's locked packages whose installed version differs, e.g. `@opentelemetry/api 1.10.0 → 1.9.1`. */
+  /** The ref's locked packages that this checkout's lock has at another version, e.g. `@opentelemetry/api 1.10.0 → 1.9.1`. */
   lockDifferences: string[]
   remove(): Promise<void>
 }
@@ -29,7 +29,7 @@ export interface Baseline {
 type Lock = { packages?: Record<string, { version?: string }> }
 
 /**
- * The packages `baseline` locks at a version other than `installed` has (missing ones
+ * The packages `baseline` locks at a version other than `installed` locks (missing ones
  * included), as `name locked → installed`; packages only `installed` has do not matter,
  * since the baseline's code does not import them. Only `node_modules/…` entries count
  * (the root entry is the project itself).
@@ -59,8 +59,9 @@ export async function prepareBaseline(ref: string, dir: string): Promise<Baselin
   try {
     const modules = realpathSync(join(repositoryRoot, 'node_modules'))
     symlinkSync(modules, join(dir, 'node_modules'), 'dir')
-    const hidden = join(modules, '.package-lock.json')
-    const installed = JSON.parse(readFileSync(existsSync(hidden) ? hidden : join(repositoryRoot, 'package-lock.json'), 'utf8')) as Lock
+    // Against this checkout's lock, not node_modules/.package-lock.json: that one leaves out
+    // the optional packages of other platforms, which would all read as differences.
+    const installed = JSON.parse(readFileSync(join(repositoryRoot, 'package-lock.json'), 'utf8')) as Lock
     const locked = JSON.parse(readFileSync(join(dir, 'package-lock.json'), 'utf8')) as Lock
     // The UI build is not needed: the job API is all the lease bench calls.
     await run(process.execPath, [join(modules, 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.build.json'], { cwd: dir, maxBuffer: 64 << 20 })

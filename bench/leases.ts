@@ -76,10 +76,10 @@ function report(phases: Phase[], rounds: number): string[] {
     const us = (v: number) => v.toFixed(0)
     lines.push(`| ${regime} | ${system} | ${ps[0]!.jobs} | ${jobsPerSecond.toFixed(0)} | ${us(bench)} | ${gateway ? us(gateway) : '–'} | ${us(pgUs)} | ${us(perJob((p) => p.cpu.bench + p.cpu.gateway + p.cpu.postgres))} |`)
   }
-  lines.push('', `medians of ${rounds} round(s); jobs/s relative to graphile-worker in the same regime:`)
   const regimes = [...new Set(phases.map((p) => p.regime))]
   const systems = [...new Set(phases.map((p) => p.system))]
   const graphile = systems.find((s) => s.startsWith('graphile'))
+  lines.push('', `medians of ${rounds} round(s)${graphile ? '; jobs/s relative to graphile-worker in the same regime:' : ''}`)
   for (const regime of regimes) {
     const base = graphile ? rate.get(`${regime}\u0000${graphile}`) : undefined
     if (base) lines.push(`  ${regime}: ${systems.filter((s) => s !== graphile).map((s) => `${s} ${((100 * (rate.get(`${regime}\u0000${s}`) ?? 0)) / base).toFixed(0)}%`).join(', ')}`)
@@ -125,7 +125,7 @@ async function startBaseline(ref: string, o: Options, tmp: string, adminUrl: str
   const b = await prepareBaseline(ref, join(tmp, 'baseline'))
   // Pushed, not unshifted: the worktree goes after the gateways running from it have stopped.
   cleanups.push(() => b.remove())
-  const lock = b.lockDifferences.length ? `; the ref's package-lock.json locks other versions than installed of: ${b.lockDifferences.join(', ')}` : '; its package-lock.json locks the versions installed'
+  const lock = b.lockDifferences.length ? `; of the packages its package-lock.json locks, this checkout's has other versions of: ${b.lockDifferences.join(', ')}` : '; its package-lock.json locks the same versions as this checkout\'s'
   console.log(`baseline: ${ref} = ${b.commit.slice(0, 12)}, run on this checkout's node_modules${lock}`)
   const store = await prepareStore(adminUrl)
   cleanups.push(() => store.cleanup())
