@@ -19,17 +19,24 @@ export interface LeaseGateway {
   stop(): Promise<void>
 }
 
-/** Starts `fencegate serve` for the job API, with `maxConnections` to the store; `jwt` adds auth. */
-export async function startLeaseGateway(dir: string, store: BenchStore, maxConnections: number, config: { routes: unknown[]; job_types: unknown[] }, jwt: boolean): Promise<LeaseGateway> {
+/** This checkout's build of `fencegate`. */
+export const currentCli = new URL('../src/cli/main.js', import.meta.url)
+
+/**
+ * Starts `fencegate serve` for the job API, with `maxConnections` to the store; `jwt` adds
+ * auth. `build` is another build's entry point and its name (`--baseline`), started with
+ * the same config and verifying the same tokens.
+ */
+export async function startLeaseGateway(dir: string, store: BenchStore, maxConnections: number, config: { routes: unknown[]; job_types: unknown[] }, jwt: boolean, build: { cli: URL; name: string } = { cli: currentCli, name: 'current' }): Promise<LeaseGateway> {
   const [port, adminPort] = [await freePort(), await freePort()]
-  const name = jwt ? 'gateway-jwt' : 'gateway'
+  const name = `${jwt ? 'gateway-jwt' : 'gateway'}${build.cli === currentCli ? '' : `-${build.name}`}`
   const configFile = join(dir, `${name}.leases.yaml`)
   writeFileSync(configFile, JSON.stringify({
     server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort }, log: { level: 'warn' },
     store: { max_connections: maxConnections }, ...config,
     ...(jwt ? { auth: { mode: 'jwt', issuer, audience, hs256_secret: secret } } : {}),
   }))
-  const child = startChild(name, new URL('../src/cli/main.js', import.meta.url), ['serve', '--config', configFile], { ...process.env, DATABASE_URL: store.url }, [])
+  const child = startChild(name, build.cli, ['serve', '--config', configFile], { ...process.env, DATABASE_URL: store.url }, [])
   try {
     await waitUntil(child, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
   } catch (err) {

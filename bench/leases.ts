@@ -8,7 +8,7 @@
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { parseArgs } from 'node:util'
+import { pathToFileURL } from 'node:url'
 import postgres from 'postgres'
 import { Pool } from 'undici'
 import { parseConfig } from '../src/config/schema.js'
@@ -20,68 +20,11 @@ import { backendCpu, backendCpuBetween, type BackendCpu } from './pg-cpu.js'
 import { cpuSeconds } from './procs.js'
 import { benchTokens, startLeaseGateway, type LeaseGateway } from './lease-gateway.js'
 import { prepareStore, type BenchStore } from './fresh-db.js'
-
-const systemNames = ['store', 'store-batch', 'http', 'http-jwt', 'http-batch', 'graphile'] as const
-type SystemName = (typeof systemNames)[number]
-
-const flags = {
-  depths: { type: 'string', help: 'queue depths to drain, comma-separated (default 1000,20000,100000)' },
-  'steady-jobs': { type: 'string', help: 'jobs in the steady regime; 0 skips it (default 20000)' },
-  rounds: { type: 'string', help: 'measured rounds; the table shows medians (default 3)' },
-  concurrency: { type: 'string', help: 'jobs in flight at most, for every system (default 20)' },
-  batch: { type: 'string', help: 'jobs per claim in the *-batch systems (default 10)' },
-  producers: { type: 'string', help: 'producers in the steady regime (default 20)' },
-  backlog: { type: 'string', help: 'jobs the steady producers keep waiting at most (default 200)' },
-  systems: { type: 'string', help: `systems to run (default ${systemNames.join(',')})` },
-  'admin-url': { type: 'string', help: 'where the fresh databases are created (default postgres://postgres@127.0.0.1:5432/test)' },
-  help: { type: 'boolean', help: 'show this help' },
-} as const
-
-function usage(): string {
-  const lines = ['usage: npm run bench -- leases [options]', '', 'fencegate job claims side by side with graphile-worker, at several queue depths and steady.', '', 'options:']
-  for (const [name, f] of Object.entries(flags)) lines.push(`  --${name}${f.type === 'string' ? ' <value>' : ''}`.padEnd(28) + f.help)
-  lines.push('', 'a short check: npm run bench -- leases --depths 200,1000 --steady-jobs 500 --rounds 1')
-  return lines.join('\n')
-}
-
-function integer(value: unknown, name: string, fallback: number, min: number, max: number): number {
-  if (value === undefined) return fallback
-  if (typeof value !== 'string' || !/^\d+$/.test(value) || Number(value) < min || Number(value) > max) throw new Error(`--${name} must be an integer from ${min} to ${max}`)
-  return Number(value)
-}
-
-interface Options {
-  depths: number[]
-  steadyJobs: number
-  rounds: number
-  concurrency: number
-  batch: number
-  producers: number
-  backlog: number
-  systems: SystemName[]
-  adminUrl: string | undefined
-}
-
-function parse(argv: string[]): Options | undefined {
-  const { values } = parseArgs({ args: argv, options: Object.fromEntries(Object.entries(flags).map(([k, f]) => [k, { type: f.type }])), strict: true })
-  if (values.help) return undefined
-  const list = (v: unknown, fallback: string) => (typeof v === 'string' ? v : fallback).split(',').map((s) => s.trim()).filter((s) => s !== '')
-  const systems = list(values.systems, systemNames.join(','))
-  for (const s of systems) if (!(systemNames as readonly string[]).includes(s)) throw new Error(`--systems: unknown system ${JSON.stringify(s)} (known: ${systemNames.join(', ')})`)
-  return {
-    depths: list(values.depths, '1000,20000,100000').map((d) => integer(d, 'depths', 0, 1, 1_000_000)),
-    steadyJobs: integer(values['steady-jobs'], 'steady-jobs', 20_000, 0, 1_000_000),
-    rounds: integer(values.rounds, 'rounds', 3, 1, 10),
-    concurrency: integer(values.concurrency, 'concurrency', 20, 1, 200),
-    batch: integer(values.batch, 'batch', 10, 1, 100),
-    producers: integer(values.producers, 'producers', 20, 1, 200),
-    backlog: integer(values.backlog, 'backlog', 200, 1, 100_000),
-    systems: systemNames.filter((n) => systems.includes(n)),
-    adminUrl: typeof values['admin-url'] === 'string' ? values['admin-url'] : undefined,
-  }
-}
+import { baselineSystems, parseLeaseOptions, leaseUsage as usage, type LeaseOptions as Options, type SystemName } from './lease-options.js'
+import { baselineRatios, prepareBaseline } from './lease-baseline.js'
 
 interface Phase {
+  round: number
   regime: string
   system: string
   jobs: number
@@ -90,23 +33,23 @@ interface Phase {
   cpu: { bench: number; gateway: number; postgres: number }
 }
 
-async function measure(system: System, regime: string, jobs: number, cpu: BackendCpu, run: () => Promise<number>): Promise<Phase> {
+async function measure(system: System, round: number, regime: string, jobs: number, cpu: BackendCpu, run: () => Promise<number>): Promise<Phase> {
   const before = { at: performance.now(), self: process.cpuUsage(), gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
   const refused = await run()
   const seconds = (performance.now() - before.at) / 1000
   const self = process.cpuUsage(before.self)
   const after = { gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
   if (refused !== 0) throw new Error(`${system.name}, ${regime}: ${refused} completions refused`)
-  return { regime, system: system.name, jobs, seconds, cpu: { bench: (self.user + self.system) / 1e6, gateway: after.gw - before.gw, postgres: backendCpuBetween(before.pg, after.pg) } }
+  return { round, regime, system: system.name, jobs, seconds, cpu: { bench: (self.user + self.system) / 1e6, gateway: after.gw - before.gw, postgres: backendCpuBetween(before.pg, after.pg) } }
 }
 
-async function phase(system: System, o: Options, regime: string, depth: number | undefined, prefix: string, cpu: BackendCpu, signal: AbortSignal, watch: (jobs: number) => void): Promise<Phase> {
+async function phase(system: System, o: Options, round: number, regime: string, depth: number | undefined, prefix: string, cpu: BackendCpu, signal: AbortSignal, watch: (jobs: number) => void): Promise<Phase> {
   await system.reset()
   const total = depth ?? o.steadyJobs
   watch(total)
   if (depth) await system.seed(depth, prefix)
   const steady = depth ? undefined : { producers: o.producers, backlog: o.backlog }
-  const p = await measure(system, regime, total, cpu, () => system.work({ total, concurrency: o.concurrency, signal, ...(steady ? { steady } : {}) }, prefix))
+  const p = await measure(system, round, regime, total, cpu, () => system.work({ total, concurrency: o.concurrency, signal, ...(steady ? { steady } : {}) }, prefix))
   if (signal.aborted) throw new Error('interrupted')
   await system.verify(total, prefix)
   return p
@@ -133,10 +76,10 @@ function report(phases: Phase[], rounds: number): string[] {
     const us = (v: number) => v.toFixed(0)
     lines.push(`| ${regime} | ${system} | ${ps[0]!.jobs} | ${jobsPerSecond.toFixed(0)} | ${us(bench)} | ${gateway ? us(gateway) : '–'} | ${us(pgUs)} | ${us(perJob((p) => p.cpu.bench + p.cpu.gateway + p.cpu.postgres))} |`)
   }
-  lines.push('', `medians of ${rounds} round(s); jobs/s relative to graphile-worker in the same regime:`)
   const regimes = [...new Set(phases.map((p) => p.regime))]
   const systems = [...new Set(phases.map((p) => p.system))]
   const graphile = systems.find((s) => s.startsWith('graphile'))
+  lines.push('', `medians of ${rounds} round(s)${graphile ? '; jobs/s relative to graphile-worker in the same regime:' : ''}`)
   for (const regime of regimes) {
     const base = graphile ? rate.get(`${regime}\u0000${graphile}`) : undefined
     if (base) lines.push(`  ${regime}: ${systems.filter((s) => s !== graphile).map((s) => `${s} ${((100 * (rate.get(`${regime}\u0000${s}`) ?? 0)) / base).toFixed(0)}%`).join(', ')}`)
@@ -171,6 +114,35 @@ async function freshDatabase(adminUrl: string, name: string): Promise<{ url: str
   }
 }
 
+const httpNames: Partial<Record<SystemName, string>> = { http: 'fencegate HTTP, 1 per claim', 'http-jwt': 'fencegate HTTP under auth.mode: jwt, 1 per claim' }
+
+/**
+ * `--baseline <ref>`: that ref's build (a temporary worktree) serves http and http-jwt again,
+ * with the same config and tokens, on a fresh database of its own that its gateway migrates.
+ */
+async function startBaseline(ref: string, o: Options, tmp: string, adminUrl: string, config: { routes: unknown[]; job_types: unknown[] }, cleanups: (() => Promise<unknown>)[], poolOf: (port: number) => Pool): Promise<Map<SystemName, System>> {
+  console.log(`baseline: checking out and building ${ref} in a temporary worktree`)
+  const b = await prepareBaseline(ref, join(tmp, 'baseline'))
+  // Pushed, not unshifted: the worktree goes after the gateways running from it have stopped.
+  cleanups.push(() => b.remove())
+  const lock = b.lockDifferences.length ? `; of the packages its package-lock.json locks, this checkout's has other versions of: ${b.lockDifferences.join(', ')}` : '; its package-lock.json locks the same versions as this checkout\'s'
+  console.log(`baseline: ${ref} = ${b.commit.slice(0, 12)}, run on this checkout's node_modules${lock}`)
+  const store = await prepareStore(adminUrl)
+  cleanups.push(() => store.cleanup())
+  const database = new URL(store.url).pathname.slice(1)
+  const db: Db = connectPostgres(store.url, { max: o.concurrency })
+  const systems = new Map<SystemName, System>()
+  for (const name of baselineSystems.filter((n) => o.systems.includes(n))) {
+    const jwt = name === 'http-jwt'
+    const gw = await startLeaseGateway(tmp, store, o.concurrency, config, jwt, { cli: pathToFileURL(b.cli), name: 'baseline' })
+    cleanups.unshift(() => gw.stop())
+    const steps = httpSteps(poolOf(gw.port), jwt ? benchTokens() : undefined)
+    systems.set(name, fencegateSystem({ name: `${httpNames[name]!} @${ref}`, database, db, steps, batch: 1, longPoll: true, gatewayPid: gw.child.pid }))
+  }
+  cleanups.unshift(() => db.close())
+  return systems
+}
+
 const jobType = { name: jobTypeName, lease: '60s', max_attempts: 3 }
 const unusedRoute = { name: 'unused', method: 'POST', path: '/unused', upstream: 'http://127.0.0.1:9', fence: 'off' }
 
@@ -178,7 +150,7 @@ const unusedRoute = { name: 'unused', method: 'POST', path: '/unused', upstream:
 export async function runLeasesBench(argv: string[]): Promise<number> {
   let o: Options | undefined
   try {
-    o = parse(argv)
+    o = parseLeaseOptions(argv)
   } catch (err) {
     console.error(`bench leases: ${(err as Error).message}\n\n${usage()}`)
     return 2
@@ -230,14 +202,18 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     const pool = poolOf(gateway.port)
     const cpu = backendCpu(adminUrl)
     cleanups.unshift(() => cpu.close())
+    const baseline = o.baseline ? await startBaseline(o.baseline, o, tmp, adminUrl, gatewayConfig, cleanups, poolOf) : new Map<SystemName, System>()
     const systems: System[] = []
     const fg = (name: string, steps: ReturnType<typeof storeSteps>, batch: number, http?: LeaseGateway) =>
       fencegateSystem({ name, database: fgDatabase, db, steps, batch, longPoll: http !== undefined, ...(http ? { gatewayPid: http.child.pid } : {}) })
     for (const name of o.systems) {
       if (name === 'store') systems.push(fg('fencegate store, 1 per claim', storeSteps(jobs, types), 1))
       if (name === 'store-batch') systems.push(fg(`fencegate store, ${o.batch} per claim`, storeSteps(jobs, types), o.batch))
-      if (name === 'http') systems.push(fg('fencegate HTTP, 1 per claim', httpSteps(pool), 1, gateway))
-      if (name === 'http-jwt') systems.push(fg('fencegate HTTP under auth.mode: jwt, 1 per claim', httpSteps(poolOf(jwtGateway!.port), benchTokens()), 1, jwtGateway))
+      if (name === 'http') systems.push(fg(httpNames.http!, httpSteps(pool), 1, gateway))
+      if (name === 'http-jwt') systems.push(fg(httpNames['http-jwt']!, httpSteps(poolOf(jwtGateway!.port), benchTokens()), 1, jwtGateway))
+      // Right after its current counterpart, so both run in every round at nearly the same time.
+      const other = baseline.get(name)
+      if (other) systems.push(other)
       if (name === 'http-batch') systems.push(fg(`fencegate HTTP, ${o.batch} per claim`, httpSteps(pool), o.batch, gateway))
       if (name === 'graphile') {
         const graphileDb = await freshDatabase(adminUrl, `graphile_bench_${Date.now()}`)
@@ -249,16 +225,21 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     }
     const signal = interrupted.signal
     const tag = Date.now().toString(36)
-    for (const s of systems) await phase(s, o, 'warm-up', Math.min(300, o.depths[0] ?? 300), `${tag}.warm`, cpu, signal, watch)
+    for (const s of systems) await phase(s, o, 0, 'warm-up', Math.min(300, o.depths[0] ?? 300), `${tag}.warm`, cpu, signal, watch)
     const phases: Phase[] = []
     for (let r = 1; r <= o.rounds; r++) {
       for (const depth of o.depths) {
-        for (const s of systems) phases.push(await phase(s, o, `depth ${depth}`, depth, `${tag}.r${r}.d${depth}`, cpu, signal, watch))
+        for (const s of systems) phases.push(await phase(s, o, r, `depth ${depth}`, depth, `${tag}.r${r}.d${depth}`, cpu, signal, watch))
       }
-      if (o.steadyJobs) for (const s of systems) phases.push(await phase(s, o, 'steady', undefined, `${tag}.r${r}.s`, cpu, signal, watch))
+      if (o.steadyJobs) for (const s of systems) phases.push(await phase(s, o, r, 'steady', undefined, `${tag}.r${r}.s`, cpu, signal, watch))
       console.log(`round ${r} done; load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     }
     console.log(['', ...report(phases, o.rounds)].join('\n'))
+    if (o.baseline) {
+      const pairs = [...baseline.keys()].map((n): [string, string] => [httpNames[n]!, `${httpNames[n]!} @${o.baseline}`])
+      console.log(`\nthis build against ${o.baseline} (ratio within each round, median over rounds; jobs/s above 1 and CPU below 1 favour this build):`)
+      for (const r of baselineRatios(phases, pairs)) console.log(`  ${r.regime}, ${r.current}: jobs/s ${r.jobsPerSecond.toFixed(3)}x, gateway CPU µs/job ${r.gatewayCpu.toFixed(3)}x`)
+    }
     console.log(`every phase: each job ran and completed exactly once; load average at the end ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     return 0
   } catch (err) {
