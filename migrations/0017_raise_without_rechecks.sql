@@ -38,7 +38,9 @@ DECLARE
   v_previous bigint;
   v_row tid;
 BEGIN
-  SELECT highest_fence, ctid INTO v_highest, v_row FROM fg_fences WHERE tenant = p_tenant AND entity = p_entity;
+  -- highest_fence::bigint: the column's domain, read as its base type in the statement's own
+  -- (cached) plan; into a bigint variable PL/pgSQL would build that cast again in every transaction.
+  SELECT highest_fence::bigint, ctid INTO v_highest, v_row FROM fg_fences WHERE tenant = p_tenant AND entity = p_entity;
   IF v_highest IS NULL THEN
     -- The entity's first fence, or one whose row another command is inserting: the upsert's
     -- arbiter decides which of them inserts, and GREATEST keeps the higher.
@@ -49,7 +51,7 @@ BEGIN
           updated_at = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN now() ELSE f.updated_at END,
           request_id = CASE WHEN EXCLUDED.highest_fence >= f.highest_fence THEN EXCLUDED.request_id ELSE f.request_id END,
           previous_fence = f.highest_fence
-    RETURNING highest_fence, previous_fence INTO v_highest, v_previous;
+    RETURNING highest_fence::bigint, previous_fence INTO v_highest, v_previous;
     IF v_previous IS NULL OR v_highest > v_previous THEN
       INSERT INTO fg_fence_history (tenant, entity, old_fence, new_fence, source, route, caller, request_id)
       VALUES (p_tenant, p_entity, v_previous, v_highest, 'command', p_route, p_caller, p_request_id);
@@ -75,7 +77,7 @@ BEGIN
       VALUES (p_tenant, p_entity, v_previous, p_fence, 'command', p_route, p_caller, p_request_id);
     ELSE
       -- Raised to at least p_fence meanwhile: its value now decides (equal accepted, higher stale).
-      SELECT highest_fence INTO v_highest FROM fg_fences WHERE tenant = p_tenant AND entity = p_entity;
+      SELECT highest_fence::bigint INTO v_highest FROM fg_fences WHERE tenant = p_tenant AND entity = p_entity;
     END IF;
   END IF;
   IF v_highest > p_fence THEN
