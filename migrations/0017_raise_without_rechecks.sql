@@ -16,7 +16,8 @@
 --   existing ones until they are rewritten).
 -- Left as it is: the history's btree (the admin plane reads one entity's changes by it) and
 -- its BRIN on `at` (11k a row: the every-minute purge would otherwise scan the whole table).
--- The decisions are those of 0015: the same rows, written under the same locks.
+-- The decisions are those of 0015 and 0016 (the audit row's trace id): the same rows, written
+-- under the same locks. The signature is 0016's, so CREATE OR REPLACE replaces it.
 CREATE TYPE fg_fence_source AS ENUM ('command', 'bump');
 ALTER TABLE fg_fence_history
   DROP CONSTRAINT fg_fence_history_source_check,
@@ -30,7 +31,7 @@ ALTER TABLE fg_fences SET (fillfactor = 70);
 
 CREATE OR REPLACE FUNCTION fg_present_fence(
   p_tenant text, p_route text, p_entity text, p_fence bigint, p_method text, p_path text,
-  p_body_sha256 text, p_caller text, p_request_id text, p_key text DEFAULT NULL)
+  p_body_sha256 text, p_caller text, p_request_id text, p_key text DEFAULT NULL, p_trace_id text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -81,8 +82,8 @@ BEGIN
     END IF;
   END IF;
   IF v_highest > p_fence THEN
-    INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key)
-    VALUES (p_tenant, p_route, p_entity, 'stale_fence', p_fence, v_highest, p_method, p_path, p_body_sha256, p_caller, p_request_id, p_key);
+    INSERT INTO fg_audit (tenant, route, entity, code, presented_fence, highest_fence, method, path, body_sha256, caller, request_id, idempotency_key, trace_id)
+    VALUES (p_tenant, p_route, p_entity, 'stale_fence', p_fence, v_highest, p_method, p_path, p_body_sha256, p_caller, p_request_id, p_key, p_trace_id);
   END IF;
   RETURN v_highest;
 END $$;
