@@ -178,7 +178,7 @@ describe.each(backends())('migration 0016 on $name', (backend) => {
         t.db.sql`SELECT fg_present_fence('acme', 'capture', 'invoice:1', ${fence}::bigint, 'POST', '/p', NULL, 'w', ${requestId})`
       await present(5, 'r1')
       await present(4, 'before')
-      expect((await migrate(t.db, all)).applied.map((m) => m.id)).toEqual([16])
+      expect((await migrate(t.db, all.filter((m) => m.id <= 16))).applied.map((m) => m.id)).toEqual([16])
       const functions = await t.db.sql<{ proname: string; n: number }>`
         SELECT proname, count(*)::int AS n FROM pg_proc WHERE proname IN ('fg_present_fence', 'fg_reserve', 'fg_complete_jobs') GROUP BY proname ORDER BY proname`
       expect(functions.map((f) => [f.proname, f.n])).toEqual([['fg_complete_jobs', 1], ['fg_present_fence', 1], ['fg_reserve', 1]])

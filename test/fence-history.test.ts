@@ -150,4 +150,42 @@ describe.each(backends())('fence history ($name)', (backend) => {
     const stale = await t.store.listAudit({ limit: 10, code: 'stale_fence' })
     expect(stale.map((a) => [a.request_id, a.presented_fence, a.highest_fence])).toEqual([['racer-8', '8', '10']])
   })
+
+  // 0017's raise goes to the row its read found by ctid. A raise that read fence 5 and then
+  // waits on a lower raise (to 7) finds that version gone once it commits: it must still
+  // raise, from the fence committed (7), by the row's key.
+  it.skipIf(backend.name !== 'postgres')('a raise that waited on a lower raise raises from the fence that one committed', async () => {
+    await t.store.reserve(command('5'))
+    const holder = postgres(t.url!, { max: 1, onnotice: () => {} })
+    const racer = postgres(t.url!, { max: 1, onnotice: () => {} })
+    const watch = postgres(t.url!, { max: 1, onnotice: () => {} })
+    try {
+      let raised!: () => void
+      let release!: () => void
+      const lockHeld = new Promise<void>((resolve) => (raised = resolve))
+      const commit = new Promise<void>((resolve) => (release = resolve))
+      const holding = holder.begin(async (sql) => {
+        await sql`SELECT fg_present_fence('default', 'capture', 'invoice:7', 7, 'POST', '/p', NULL, 'holder', 'r-7')`
+        raised()
+        await commit
+      })
+      await lockHeld
+      const higher = racer<{ highest: string }[]>`
+        SELECT fg_present_fence('default', 'capture', 'invoice:7', 9, 'POST', '/p', NULL, 'racer', 'racer-9')::text AS highest`.execute()
+      for (let waiting = 0; waiting < 1;) {
+        const [row] = await watch<{ n: number }[]>`
+          SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
+        waiting = row!.n
+      }
+      release()
+      await holding
+      expect((await higher)[0]!.highest).toBe('9')
+    } finally {
+      await holder.end({ timeout: 5 })
+      await racer.end({ timeout: 5 })
+      await watch.end({ timeout: 5 })
+    }
+    expect((await history(t)).map((c) => [c.old_fence, c.new_fence, c.caller])).toEqual([[null, '5', 'worker-a'], ['5', '7', 'holder'], ['7', '9', 'racer']])
+    expect(await t.store.listAudit({ limit: 10, code: 'stale_fence' })).toEqual([])
+  })
 })

@@ -105,7 +105,7 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
 /**
  * The fence alone, for commands without a key or a lease: the same decision and
  * stale audit as in `reserve`, by `fg_present_fence` (migrations/0013_present_fence_function.sql,
- * 0014).
+ * 0014, 0016; 0017 made its raise cheaper).
  * Most fenced traffic takes this path.
  *
  * A fence the function's read already shows as the highest (or below it) is decided

@@ -39,7 +39,7 @@ export interface FenceHistoryQuery {
 export async function listFenceHistory(db: Db, q: FenceHistoryQuery): Promise<FenceChange[]> {
   return db.sql<FenceChange>`
     SELECT id::text AS id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, entity,
-           old_fence::text AS old_fence, new_fence::text AS new_fence, source, route, caller, request_id
+           old_fence::text AS old_fence, new_fence::text AS new_fence, source::text AS source, route, caller, request_id
     FROM fg_fence_history
     WHERE tenant = ${q.tenant} AND entity = ${q.entity}
       AND (${q.before}::bigint IS NULL OR id < ${q.before}::bigint)
