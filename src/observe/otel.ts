@@ -69,17 +69,24 @@ const contextOf = (parent: OpenSpan): Context => (parent instanceof OtelSpan ? p
  */
 export function otelTracing(parts: OtelParts): Tracing {
   const { tracer, propagator } = parts
+  // Attributes go on after the sampling decision, only on a span that records: an unsampled
+  // one (most of them at a low ratio) then costs no copy of them. Our samplers read none.
+  const started = (name: string, kind: SpanKind, attributes: SpanAttributes, context: Context): Span => {
+    const span = tracer.startSpan(name, { kind }, context)
+    // The SDK leaves out an undefined value.
+    if (span.isRecording()) span.setAttributes(attributes as Attributes)
+    return span
+  }
   const child = (parent: OpenSpan, kind: SpanKind, name: string, attributes: SpanAttributes): OtelSpan => {
     const context = contextOf(parent)
-    // Passed as they are: the SDK copies them once (sanitizeAttributes) and leaves out undefined values.
-    return new OtelSpan(tracer.startSpan(name, { kind, attributes: attributes as Attributes }, context), context)
+    return new OtelSpan(started(name, kind, attributes, context), context)
   }
   return {
     enabled: true,
     server(name, headers, attributes) {
       // An invalid or absent traceparent extracts nothing: the request starts a trace of its own.
       const parent = propagator.extract(ROOT_CONTEXT, headers, fromHeaders)
-      return new OtelSpan(tracer.startSpan(name, { kind: SpanKind.SERVER, attributes: attributes as Attributes }, parent), parent)
+      return new OtelSpan(started(name, SpanKind.SERVER, attributes, parent), parent)
     },
     client(parent, name, attributes, headers) {
       const span = child(parent, SpanKind.CLIENT, name, attributes)
