@@ -2,8 +2,8 @@ import type { BenchOptions, CaseName } from './run-options.js'
 import type { SystemName } from './systems.js'
 import type { Traffic } from './traffic.js'
 
-/** A case's name; `fg-spread×2` is fg-spread on the gateway with `--workers 2`. */
-export type CaseId = CaseName | `${CaseName}×${number}`
+/** A case's name; `fg-spread×2` is fg-spread on the gateway with `--workers 2`, `fg-spread+traces` on the one with `--traces`. */
+export type CaseId = CaseName | `${CaseName}×${number}` | `${CaseName}+traces`
 
 export interface Case {
   name: CaseId
@@ -16,6 +16,8 @@ export interface Case {
   p99Of?: CaseName
   /** For a case on the multi-worker gateway: the same case on the one-worker gateway. */
   single?: CaseName
+  /** For a case on the tracing gateway (`--traces`): the same case on the gateway that does not trace. */
+  untraced?: CaseName
   /**
    * A path on which every entity is presented the run's fence once before priming
    * (bench/prepare.ts `seedEntities`), so spread cases measure the steady state.
@@ -57,6 +59,19 @@ export function withWorkers(selected: readonly Case[], workers: number): Case[] 
   return selected.flatMap((c) => c.system !== 'gateway' ? [c] : [c, {
     ...c, name: `${c.name as CaseName}×${workers}` as CaseId, label: `${c.label}, ${workers} workers`, system: 'gateway-workers' as const,
     p99Of: undefined, single: c.name as CaseName,
+  }])
+}
+
+/**
+ * With `--traces <ratio>`: each one-worker fencegate case again right after itself on the
+ * gateway that traces at that ratio, so both see the same minutes and the ratio of the two is
+ * what tracing costs.
+ */
+export function withTraces(selected: readonly Case[], ratio: number | undefined): Case[] {
+  if (ratio === undefined) return [...selected]
+  return selected.flatMap((c) => c.system !== 'gateway' ? [c] : [c, {
+    ...c, name: `${c.name as CaseName}+traces` as CaseId, label: `${c.label}, traced at ${+(ratio * 100).toPrecision(3)}%`, system: 'gateway-traces' as const,
+    p99Of: undefined, untraced: c.name as CaseName,
   }])
 }
 

@@ -6,15 +6,15 @@
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { cases, trafficFactory, withWorkers, type Case } from './cases.js'
+import { cases, trafficFactory, withTraces, withWorkers, type Case } from './cases.js'
 import { wrkAvailable, type LoadGenerator } from './load.js'
 import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
 import { parseOptions, usage, UsageError, type BenchOptions, type CaseName } from './run-options.js'
 import { memoryKiB } from './procs.js'
 import { completeKeys, probeCase, seedEntities } from './prepare.js'
-import { context, printTargets, resultJson, rows, table, targets, type Results } from './report.js'
+import { context, printTargets, resultJson, rows, table, targets, tracingCost, type Results } from './report.js'
 import { prepareStore, type BenchStore } from './fresh-db.js'
-import { startSystems, workersPool, type SystemName, type Systems } from './systems.js'
+import { sinkStats, startSystems, workersPool, type SystemName, type Systems } from './systems.js'
 import type { Traffic } from './traffic.js'
 
 // `npm run bench -- leases` is the lease service's own bench (bench/leases.ts), and
@@ -42,7 +42,7 @@ async function rounds(options: BenchOptions, selected: Case[], systems: Systems,
       if (spec.signal.aborted) break
       if (options.warmup > 0) await warmUp(c, systems, traffic(c), { ...spec, seconds: options.warmup })
       const s = await measure(c, round, systems, store, traffic(c), spec)
-      for (const child of [systems.upstream, ...Object.values(systems.running).map((r) => r.child)]) {
+      for (const child of [systems.upstream, ...(systems.sink ? [systems.sink.child] : []), ...Object.values(systems.running).map((r) => r.child)]) {
         if (child.process.exitCode !== null || child.process.signalCode !== null) throw new Error(`${child.name} died during ${c.name}:\n${child.output()}`)
       }
       console.log(line(c, s))
@@ -60,6 +60,9 @@ function printHeader(options: BenchOptions, kind: LoadGenerator, store: BenchSto
   console.log(`gateway: fencegate serve, node flags: ${options.gatewayNodeOptions.join(' ') || 'none (the defaults of `npx fencegate serve`)'}`)
   if (systems.running['gateway-workers']) {
     console.log(`gateway with workers: fencegate serve with server.workers ${options.workers} and store.max_connections ${workersPool(options)} (${options.pool} statement connections and a LISTEN connection per worker)`)
+  }
+  if (systems.running['gateway-traces']) {
+    console.log(`gateway with traces: OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=${options.traces}, OTLP/HTTP protobuf to a sink in its own process (bench/otlp-sink.ts)`)
   }
 }
 
@@ -99,7 +102,7 @@ async function prepareCases(options: BenchOptions, selected: Case[], systems: Sy
   }
 }
 
-function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results, ran: readonly Case[]): void {
+async function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchStore, systems: Systems, results: Results, ran: readonly Case[]): Promise<void> {
   const gateway = systems.running.gateway
   const peakKiB = gateway ? memoryKiB(gateway.child.pid, 'VmHWM') : undefined
   console.log('')
@@ -108,13 +111,19 @@ function printResults(options: BenchOptions, kind: LoadGenerator, store: BenchSt
   console.log('')
   for (const l of context(results, ran)) console.log(l)
   console.log('')
+  if (systems.sink) {
+    for (const l of tracingCost(results, ran)) console.log(l)
+    const got = await sinkStats(systems.sink.url).catch(() => undefined)
+    console.log(`OTLP sink received: ${got ? `${got.requests} export requests, ${(got.bytes / 1024).toFixed(0)} KiB` : 'unknown (it did not answer)'}`)
+    console.log('')
+  }
   console.log(`gateway peak RSS (VmHWM since start): ${peakKiB === undefined ? 'unknown' : `${(peakKiB / 1024).toFixed(1)} MiB`}`)
   console.log('targets (issue 13; quiet machine, median of 3 rounds):')
   const checks = targets(results, ran, peakKiB, options.gatewayNodeOptions.length === 0)
   for (const l of printTargets(checks)) console.log(`  ${l}`)
   console.log(resultJson(results, {
     note: options.note ?? null, store: store.description, upstream: systems.upstreamWhat, load: kind, connections: options.connections,
-    workers: options.workers, rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
+    workers: options.workers, traces: options.traces ?? null, rounds: options.rounds, duration_s: options.duration, warmup_s: options.warmup, prime_s: options.prime, gateway_peak_rss_kib: peakKiB ?? null,
     targets: checks,
   }))
   console.log(`load average at the end: ${loadavg().map((l) => l.toFixed(2)).join(' ')} (1/5/15 min)`)
@@ -143,7 +152,9 @@ async function main(argv: string[]): Promise<number> {
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
   // A last resort so the bench always ends: every run at its own length plus generous setup.
-  const budgetMs = (options.cases.length * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
+  // Each of --workers and --traces runs every fencegate case once more.
+  const runs = options.cases.length * (options.workers > 1 ? 2 : 1) * (options.traces !== undefined ? 2 : 1)
+  const budgetMs = (runs * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
   let systems: Systems | undefined
   const watchdog = setTimeout(() => {
     console.error(`bench: still running after ${budgetMs} ms; giving up`)
@@ -156,7 +167,7 @@ async function main(argv: string[]): Promise<number> {
   let store: BenchStore | undefined
   try {
     store = await prepareStore(options.databaseUrl)
-    const wanted = withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers)
+    const wanted = withTraces(withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers), options.traces)
     systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.map((c) => c.system)))
     const selected = wanted.filter((c) => systems!.running[c.system])
     const traffic = trafficFactory(options)
@@ -169,7 +180,7 @@ async function main(argv: string[]): Promise<number> {
       console.error('bench: interrupted')
       return 130
     }
-    printResults(options, kind, store, systems, results, selected)
+    await printResults(options, kind, store, systems, results, selected)
     return 0
   } finally {
     await systems?.stop()

@@ -13,7 +13,7 @@ import { runLoad, wrkAvailable } from './load.js'
 import { completeKeys } from './prepare.js'
 import { stopChild } from './procs.js'
 import { parseOptions, usage, UsageError, type CaseName } from './run-options.js'
-import { startGateway, startSystems } from './systems.js'
+import { startGateway, startSink, startSystems, tracingEnv } from './systems.js'
 
 export async function runProfile(argv: string[]): Promise<number> {
   let options
@@ -42,14 +42,17 @@ export async function runProfile(argv: string[]): Promise<number> {
     await store.cleanup()
     throw err
   })
+  // With --traces: every profiled gateway traces at that ratio, exporting to a sink of its own process.
+  const sink = options.traces === undefined ? undefined : await startSink()
   try {
     const traffic = trafficFactory(options)
+    if (sink) console.log(`tracing: sampled at ${options.traces}, OTLP/HTTP protobuf to a sink (bench/otlp-sink.ts)`)
     console.log(`upstream: ${systems.upstreamWhat}; load: ${kind}, ${options.connections} connections, ${options.prime + options.warmup} s warm-up + ${options.duration} s profiled per case`)
     for (const c of selected) {
       const name = `${c.name}.cpuprofile`
       const hook = ['--import', new URL('./profiler-hook.js', import.meta.url).href]
       const gw = await startGateway(dir, systems.upstreamUrl, store, options.pool, [...options.gatewayNodeOptions, ...hook], options.gatewayLog,
-        `gateway-${c.name}`, { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name) })
+        `gateway-${c.name}`, { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name), ...(sink && options.traces !== undefined ? tracingEnv(sink.url, options.traces) : {}) })
       try {
         if (c.traffic.key === 'replay') console.log(`replay pool: ${await completeKeys(gw.url, traffic(c), options.connections, controller.signal)}`)
         const spec = { url: gw.url, connections: options.connections, dir, signal: controller.signal }
@@ -73,6 +76,7 @@ export async function runProfile(argv: string[]): Promise<number> {
     console.log(`\nprofiles kept in ${profiles}`)
     return 0
   } finally {
+    if (sink) await stopChild(sink.child)
     await systems.stop()
     await store.cleanup()
     rmSync(dir, { recursive: true, force: true })

@@ -127,6 +127,10 @@ export function targets(results: Results, ran: readonly Case[], peakRssKiB: numb
     atLeast(`${spreadWorkers.name} req/s >= 125% of fg-spread`, spreadWorkers.name, 'fg-spread', 1.25)
     cpuAtMost(`${spreadWorkers.name} gateway CPU/req <= 1.1x fg-spread's`, spreadWorkers.name, 'fg-spread', proxyUs, 1.1)
   }
+  // Issue 31: traced at 100%, within 15% of the same case untraced in req/s.
+  for (const c of ran) {
+    if (c.untraced) atLeast(`${c.name} req/s >= 85% of ${c.untraced} (issue 31's goal at 100% sampling)`, c.name, c.untraced, 0.85)
+  }
   for (const c of ran) {
     if (c.p99Of) cpuAtMost(`${c.name} p99 <= 2x ${c.p99Of}'s`, c.name, c.p99Of, (s) => s.load.p99ms, 2)
   }
@@ -137,6 +141,19 @@ export function targets(results: Results, ran: readonly Case[], peakRssKiB: numb
     met: peakRssKiB === undefined || !results.has('fg-off') && !results.has('fg-spread') ? undefined : peakRssKiB < limitKiB && defaults,
   })
   return out
+}
+
+/** Each traced case beside its untraced one in the same rounds: req/s ratio and gateway CPU per request. */
+export function tracingCost(results: Results, ran: readonly Case[]): string[] {
+  const lines = ['tracing cost (medians over rounds; ratios within each round):']
+  for (const c of ran) {
+    if (!c.untraced || !results.has(c.name) || !results.has(c.untraced)) continue
+    const rps = rpsRatio(results, c.name, c.untraced)
+    const cpu = paired(results, c.name, c.untraced, (x, y) => proxyUs(x) / proxyUs(y))
+    const us = (n: CaseId) => fmt(median((results.get(n) ?? []).map(proxyUs)))
+    lines.push(`  ${c.name}: req/s ${pct(rps)} of ${c.untraced}; gateway CPU ${us(c.name)} vs ${us(c.untraced)} µs/req (${fmt(cpu, 2)}×)`)
+  }
+  return lines
 }
 
 export function printTargets(checks: TargetCheck[]): string[] {

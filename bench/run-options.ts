@@ -33,6 +33,8 @@ export interface BenchOptions {
   note: string | undefined
   /** > 1: every fencegate case also runs on a gateway with `server.workers` this many. */
   workers: number
+  /** A sampling ratio: every fencegate case also runs on a gateway tracing at it (OTLP to a sink); undefined: not. */
+  traces: number | undefined
 }
 
 export const defaultDatabaseUrl = 'postgres://postgres@127.0.0.1:5432/test'
@@ -55,6 +57,7 @@ const flags = {
   'database-url': { type: 'string', help: `PostgreSQL server for the fresh database (default $DATABASE_URL or ${defaultDatabaseUrl})` },
   note: { type: 'string', help: 'a label printed with the results, e.g. "noisy machine"' },
   workers: { type: 'string', help: 'also run every fencegate case on a gateway with this many workers (server.workers), beside the 1-worker one (default 1: not)' },
+  traces: { type: 'string', help: 'also run every fencegate case on a gateway tracing at this sampling ratio (0 to 1, e.g. 1 or 0.01), exporting OTLP to a sink' },
   help: { type: 'boolean', help: 'this help' },
 } as const
 
@@ -78,6 +81,15 @@ function integer(value: string | undefined, name: string, fallback: number, min:
   if (value === undefined) return fallback
   if (!/^\d+$/.test(value) || Number(value) < min || Number(value) > max) {
     throw new UsageError(`--${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(value)}`)
+  }
+  return Number(value)
+}
+
+/** A sampling ratio from 0 to 1, as OTEL_TRACES_SAMPLER_ARG takes it. */
+function ratio(value: string | undefined, name: string): number | undefined {
+  if (value === undefined) return undefined
+  if (!/^(?:0|1|0?\.\d+|[01]\.\d*)$/.test(value) || Number(value) > 1) {
+    throw new UsageError(`--${name} must be a sampling ratio from 0 to 1 (e.g. 1 or 0.01), got ${JSON.stringify(value)}`)
   }
   return Number(value)
 }
@@ -124,5 +136,6 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     databaseUrl,
     note: str('note'),
     workers: integer(str('workers'), 'workers', 1, 1, 64),
+    traces: ratio(str('traces'), 'traces'),
   }
 }

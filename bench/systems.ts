@@ -9,7 +9,7 @@ import type { BenchOptions } from './run-options.js'
 import { freePort, isHealthy, listeningPort, startChild, startProcess, stopChild, waitUntil, type Child } from './procs.js'
 import type { BenchStore } from './fresh-db.js'
 
-export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers'
+export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers' | 'gateway-traces'
 
 export interface Systems {
   upstream: Child
@@ -17,6 +17,8 @@ export interface Systems {
   upstreamWhat: string
   /** Each system's URL and process; absent when it does not run (nginx off PATH, or no case needs it). */
   running: Partial<Record<SystemName, { url: string; child: Child }>>
+  /** The OTLP/HTTP sink the tracing gateway exports to (bench/otlp-sink.ts), with `--traces`. */
+  sink?: { url: string; child: Child }
   /** Why nginx is not running, for the report. */
   nginxNote: string | undefined
   stop(): Promise<void>
@@ -30,6 +32,25 @@ export interface Systems {
  * worker is never starved of connections the one-worker gateway has.
  */
 export const workersPool = (options: Pick<BenchOptions, 'pool' | 'workers'>) => options.workers * (options.pool + 1)
+
+/** The environment of a gateway that traces at `ratio`, exporting OTLP/HTTP (protobuf, the default) to `sinkUrl`. */
+export function tracingEnv(sinkUrl: string, ratio: number): NodeJS.ProcessEnv {
+  return {
+    OTEL_TRACES_EXPORTER: 'otlp',
+    OTEL_TRACES_SAMPLER: 'parentbased_traceidratio',
+    OTEL_TRACES_SAMPLER_ARG: String(ratio),
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: `${sinkUrl}/v1/traces`,
+  }
+}
+
+/** What the sink has received so far: export requests and body bytes. */
+export async function sinkStats(sinkUrl: string): Promise<{ requests: number; bytes: number }> {
+  const res = await fetch(`${sinkUrl}/stats`, { signal: AbortSignal.timeout(5000) })
+  return (await res.json()) as { requests: number; bytes: number }
+}
+
+/** Starts the OTLP sink in its own process, so its CPU is not the gateway's. */
+export const startSink = () => nodeServer('otlp-sink', './otlp-sink.js', [])
 
 /** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
 export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number, workers = 1): string {
@@ -122,7 +143,13 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
       const gateway = await startGateway(dir, upstreamUrl, store, workersPool(options), options.gatewayNodeOptions, undefined, 'gateway-workers', {}, options.workers)
       children.push((running['gateway-workers'] = gateway).child)
     }
-    return { upstream, upstreamUrl, upstreamWhat, running, nginxNote, stop, kill }
+    let sink: Systems['sink']
+    if (needs.has('gateway-traces') && options.traces !== undefined) {
+      children.push((sink = await startSink()).child)
+      const gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, undefined, 'gateway-traces', tracingEnv(sink.url, options.traces))
+      children.push((running['gateway-traces'] = gateway).child)
+    }
+    return { upstream, upstreamUrl, upstreamWhat, running, sink, nginxNote, stop, kill }
   } catch (err) {
     await stop()
     throw err

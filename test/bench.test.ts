@@ -17,9 +17,9 @@ import { prepareStore, type BenchStore } from '../bench/fresh-db.js'
 import { runLoad } from '../bench/load.js'
 import type { Sample } from '../bench/measure.js'
 import { listeningPort, startChild, stopChild, type Child } from '../bench/procs.js'
-import { rows, targets, type Results } from '../bench/report.js'
+import { rows, targets, tracingCost, type Results } from '../bench/report.js'
 import { parseOptions, type CaseName } from '../bench/run-options.js'
-import { cases, withWorkers, type CaseId } from '../bench/cases.js'
+import { cases, withTraces, withWorkers, type CaseId } from '../bench/cases.js'
 import { bodyWithKey, requestBody, type Traffic } from '../bench/traffic.js'
 
 const sample = (round: number, rps: number, extra: { proxy?: number; postgres?: number; p99?: number } = {}): Sample => ({
@@ -60,6 +60,52 @@ describe('bench report', () => {
     expect(checks.get('gateway peak RSS < 150 MB (143.1 MiB), no Node flags')).toBe(true)
     const flagged = targets(results, cases, 140_000, false).at(-1)!
     expect(flagged.met).toBe(false)
+  })
+})
+
+describe('bench --traces', () => {
+  it('runs each one-worker fencegate case again on the tracing gateway, right after itself, and nothing else twice', () => {
+    const options = parseOptions(['--traces', '0.01', '--workers', '2', '--cases', 'hand-fence,fg-spread'], {})!
+    expect(options.traces).toBe(0.01)
+    const ran = withTraces(withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers), options.traces)
+    expect(ran.map((c) => [c.name, c.system, c.untraced])).toEqual([
+      ['hand-fence', 'hand', undefined], ['fg-spread', 'gateway', undefined], ['fg-spread+traces', 'gateway-traces', 'fg-spread'], ['fg-spread×2', 'gateway-workers', undefined],
+    ])
+    expect(ran[2]!.label).toMatch(/traced at 1%$/)
+    expect(withTraces(cases, undefined)).toEqual(cases)
+    expect(parseOptions([], {})!.traces).toBeUndefined()
+    expect(parseOptions(['--traces', '1'], {})!.traces).toBe(1)
+    for (const bad of ['2', '1.5', '.', 'all', '1e-2']) {
+      expect(() => parseOptions(['--traces', bad], {})).toThrow(/--traces must be a sampling ratio from 0 to 1/)
+    }
+  })
+
+  it('reports req/s and gateway CPU per request against the untraced case in the same round', () => {
+    const ran = withTraces(cases.filter((c) => c.name === 'fg-spread'), 1)
+    const results: Results = new Map<CaseId, Sample[]>([
+      ['fg-spread', [sample(1, 1000, { proxy: 200 }), sample(2, 2000, { proxy: 200 })]],
+      ['fg-spread+traces', [sample(1, 900, { proxy: 240 }), sample(2, 1600, { proxy: 260 })]],
+    ])
+    // Within each round: 90% and 80% (median 85%); CPU 1.2x and 1.3x (median 1.25x).
+    expect(tracingCost(results, ran)).toEqual([
+      'tracing cost (medians over rounds; ratios within each round):',
+      '  fg-spread+traces: req/s 85% of fg-spread; gateway CPU 250 vs 200 µs/req (1.25×)',
+    ])
+    const check = targets(results, ran, undefined, true).find((t) => t.target.startsWith('fg-spread+traces req/s'))
+    expect(check).toMatchObject({ met: true, measured: '85%' })
+  })
+
+  it('has a sink that answers an export 200 and counts the requests and bytes it received', async () => {
+    const sink = startChild('otlp-sink', new URL('../dist/bench/otlp-sink.js', import.meta.url), [], process.env)
+    try {
+      const url = `http://127.0.0.1:${await listeningPort(sink)}`
+      const res = await fetch(`${url}/v1/traces`, { method: 'POST', headers: { 'content-type': 'application/x-protobuf' }, body: new Uint8Array(100) })
+      expect(res.status).toBe(200)
+      await res.arrayBuffer()
+      expect(await (await fetch(`${url}/stats`)).json()).toEqual({ requests: 1, bytes: 100 })
+    } finally {
+      await stopChild(sink)
+    }
   })
 })
 

@@ -12,8 +12,14 @@ const none = {}
 // The methods the HTTP semantic conventions name; any other is `_OTHER` (its spelling goes in http.request.method_original).
 const knownMethods = new Set(['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH', 'QUERY'])
 
-function methodAttributes(method: string): Record<string, string> {
-  return knownMethods.has(method) ? { [ATTR_HTTP_REQUEST_METHOD]: method } : { [ATTR_HTTP_REQUEST_METHOD]: '_OTHER', [ATTR_HTTP_REQUEST_METHOD_ORIGINAL]: method }
+/** `http.request.method`: the method, or `_OTHER` for one the conventions do not name. */
+function semconvMethod(method: string): string {
+  return knownMethods.has(method) ? method : '_OTHER'
+}
+
+/** `http.request.method_original`: set only for an `_OTHER` method (undefined is left out of the span). */
+function originalMethod(method: string): string | undefined {
+  return knownMethods.has(method) ? undefined : method
 }
 
 function spanMethod(method: string): string {
@@ -26,10 +32,12 @@ function spanMethod(method: string): string {
  */
 export function startRequestSpan(tracing: Tracing, request: Pick<Inbound, 'method' | 'url' | 'headers'>): OpenSpan {
   if (!tracing.enabled) return tracing.server('', request.headers, none)
+  // One object literal per span: the SDK copies it once and leaves the undefined values out.
   return tracing.server(spanMethod(request.method), request.headers, {
-    ...methodAttributes(request.method),
+    [ATTR_HTTP_REQUEST_METHOD]: semconvMethod(request.method),
+    [ATTR_HTTP_REQUEST_METHOD_ORIGINAL]: originalMethod(request.method),
     [ATTR_URL_PATH]: request.url.pathname,
-    [ATTR_URL_SCHEME]: request.url.protocol.replace(/:$/, ''),
+    [ATTR_URL_SCHEME]: request.url.protocol.slice(0, -1),
   })
 }
 
@@ -117,7 +125,8 @@ export function startUpstreamSpan(tracing: Tracing, parent: OpenSpan, route: Rou
   if (!parent.sampled) return tracing.client(parent, '', none, headers)
   const { address, port } = serverOf(route)
   return tracing.client(parent, spanMethod(method), {
-    ...methodAttributes(method),
+    [ATTR_HTTP_REQUEST_METHOD]: semconvMethod(method),
+    [ATTR_HTTP_REQUEST_METHOD_ORIGINAL]: originalMethod(method),
     [ATTR_SERVER_ADDRESS]: address,
     [ATTR_SERVER_PORT]: port,
     [ATTR_URL_FULL]: redactedUrl(route, target),

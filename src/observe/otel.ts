@@ -1,6 +1,6 @@
 import {
   ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, TraceFlags,
-  type Context, type Span, type TextMapGetter, type TextMapPropagator, type TextMapSetter, type Tracer,
+  type Attributes, type Context, type Span, type TextMapGetter, type TextMapPropagator, type TextMapSetter, type Tracer,
 } from '@opentelemetry/api'
 import { ATTR_ERROR_TYPE } from '@opentelemetry/semantic-conventions'
 import type { HeaderView } from '../http/exchange.js'
@@ -24,23 +24,26 @@ const fromHeaders: TextMapGetter<HeaderView> = {
 
 const intoHeaders: TextMapSetter<HeaderSink> = { set: (carrier, key, value) => carrier.set(key, value) }
 
-/** An OpenTelemetry span behind the core's `OpenSpan`, with the context its children start in. */
+/**
+ * An OpenTelemetry span behind the core's `OpenSpan`. The context its children start in is
+ * made when a child asks for it (a Context is a copied map): a store span never has children.
+ */
 class OtelSpan implements OpenSpan {
-  readonly context: Context
   readonly sampled: boolean
-  constructor(readonly span: Span, parent: Context) {
-    this.context = trace.setSpan(parent, span)
+  private childContext: Context | undefined
+  constructor(readonly span: Span, private readonly parent: Context) {
     this.sampled = (span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0
+  }
+  get context(): Context {
+    return (this.childContext ??= trace.setSpan(this.parent, this.span))
   }
   get ids() {
     const { traceId, spanId } = this.span.spanContext()
     return { trace_id: traceId, span_id: spanId }
   }
   set(attributes: SpanAttributes): void {
-    for (const key in attributes) {
-      const value = attributes[key]
-      if (value !== undefined) this.span.setAttribute(key, value)
-    }
+    // The SDK leaves out an undefined (or null) value, as the seam promises.
+    this.span.setAttributes(attributes as Attributes)
   }
   rename(name: string): void {
     this.span.updateName(name)
@@ -52,15 +55,6 @@ class OtelSpan implements OpenSpan {
     }
     this.span.end()
   }
-}
-
-function defined(attributes: SpanAttributes): Record<string, string | number | boolean> {
-  const out: Record<string, string | number | boolean> = {}
-  for (const key in attributes) {
-    const value = attributes[key]
-    if (value !== undefined) out[key] = value
-  }
-  return out
 }
 
 const contextOf = (parent: OpenSpan): Context => (parent instanceof OtelSpan ? parent.context : ROOT_CONTEXT)
@@ -75,16 +69,24 @@ const contextOf = (parent: OpenSpan): Context => (parent instanceof OtelSpan ? p
  */
 export function otelTracing(parts: OtelParts): Tracing {
   const { tracer, propagator } = parts
+  // Attributes go on after the sampling decision, only on a span that records: an unsampled
+  // one (most of them at a low ratio) then costs no copy of them. Our samplers read none.
+  const started = (name: string, kind: SpanKind, attributes: SpanAttributes, context: Context): Span => {
+    const span = tracer.startSpan(name, { kind }, context)
+    // The SDK leaves out an undefined value.
+    if (span.isRecording()) span.setAttributes(attributes as Attributes)
+    return span
+  }
   const child = (parent: OpenSpan, kind: SpanKind, name: string, attributes: SpanAttributes): OtelSpan => {
     const context = contextOf(parent)
-    return new OtelSpan(tracer.startSpan(name, { kind, attributes: defined(attributes) }, context), context)
+    return new OtelSpan(started(name, kind, attributes, context), context)
   }
   return {
     enabled: true,
     server(name, headers, attributes) {
       // An invalid or absent traceparent extracts nothing: the request starts a trace of its own.
       const parent = propagator.extract(ROOT_CONTEXT, headers, fromHeaders)
-      return new OtelSpan(tracer.startSpan(name, { kind: SpanKind.SERVER, attributes: defined(attributes) }, parent), parent)
+      return new OtelSpan(started(name, SpanKind.SERVER, attributes, parent), parent)
     },
     client(parent, name, attributes, headers) {
       const span = child(parent, SpanKind.CLIENT, name, attributes)

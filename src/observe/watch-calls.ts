@@ -5,8 +5,8 @@ export type Settle = (failed: boolean, err?: unknown) => void
  * A copy of `store` whose methods are watched: `begin(call)` runs before each call and gives
  * what to run when its promise settles (undefined: nothing). `close` and non-functions pass
  * through. A method that returns no promise is not a statement: with `sync: 'skip'` it is not
- * watched at all, with `'settle'` it settles at once. The one loop behind both of the store's
- * wrappers, the metrics' `instrument` and the traces' `storeSpans`.
+ * watched at all, with `'settle'` it settles at once. The loop behind the metrics' `instrument`
+ * (the traces' `storeSpans` builds its methods once per store instead, being made per command).
  *
  * @example
  * const timed = watchCalls(store, (call) => { const t = performance.now(); return () => console.log(call, performance.now() - t) }, 'skip')
