@@ -1,6 +1,7 @@
 import type { Logger } from '../observe/log.js'
-import { mayHaveCommitted, StoreError, storeCode } from '../store/db.js'
+import { connectionLost, mayHaveCommitted, StoreError, storeCode } from '../store/db.js'
 import { DurabilityRefusal } from '../store/durability.js'
+import { noSlotLeft } from '../store/slots.js'
 import type { Held, Store } from '../store/store.js'
 
 /**
@@ -13,7 +14,7 @@ export function mayHaveReserved(err: unknown): boolean {
 
 /** A failure of the connection (never of the statement): no connection, a lost one, or no slot. */
 function unreachable(err: StoreError): boolean {
-  return err.driverCode !== undefined || /^(08|57P0|53300)/.test(err.sqlstate ?? '')
+  return connectionLost(err) || err.sqlstate === noSlotLeft
 }
 
 /**
@@ -34,8 +35,6 @@ function unreachable(err: StoreError): boolean {
 export interface AbandonedKeys {
   /** Releases `held` (one attempt now, then retries); resolves after the first attempt. */
   release(held: Held, lockMs: number, requestId: string): Promise<void>
-  /** Keys still waiting for a release that ran. */
-  pending(): number
 }
 
 export interface AbandonedOptions {
@@ -83,6 +82,5 @@ export function abandonedKeys(store: Store, log: Logger, options: AbandonedOptio
       if (waiting >= max) return
       void retry(held, lockMs, requestId)
     },
-    pending: () => waiting,
   }
 }

@@ -46,12 +46,20 @@ export class StoreError extends Error {
 }
 
 /**
+ * Whether a failure means the connection under the statement is gone or never came up
+ * (a driver or socket code, SQLSTATE class 08, or `57P0x`), not that a live connection
+ * refused the statement.
+ */
+export function connectionLost(err: StoreError): boolean {
+  return err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? '')
+}
+
+/**
  * Whether a failed statement may still have committed: it was sent and then its connection
- * was lost (a driver or socket code, SQLSTATE class 08, or `57P0x`), so its answer never came.
- * A statement a live connection refused (any other SQLSTATE) was rolled back.
+ * was lost, so its answer never came. A statement a live connection refused was rolled back.
  */
 export function mayHaveCommitted(err: StoreError): boolean {
-  return !err.unsent && (err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? ''))
+  return !err.unsent && connectionLost(err)
 }
 
 /** The code a log line may carry for a failure: the SQLSTATE or driver code, never the message. */

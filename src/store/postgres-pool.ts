@@ -1,5 +1,5 @@
 import type postgres from 'postgres'
-import { passThrough, StoreError, toParams, toStoreError, type Db, type SqlValue } from './db.js'
+import { connectionLost, passThrough, StoreError, toParams, toStoreError, type Db, type SqlValue } from './db.js'
 import { createSlotGate, refusedConnection, type SlotGate } from './slots.js'
 
 /**
@@ -48,14 +48,7 @@ export function failedBeforeSending(query: unknown): boolean {
   return (query as { state?: unknown } | null)?.state === null
 }
 
-/**
- * Whether a failure means the connection under the statement is gone or never came up
- * (a driver or socket code, SQLSTATE class 08, or `57P0x`), not that a live connection
- * refused the statement.
- */
-export function connectionLost(err: StoreError): boolean {
-  return err.driverCode !== undefined || /^(08|57P0)/.test(err.sqlstate ?? '')
-}
+export { connectionLost }
 
 /**
  * Whether a live connection refused a write because its node is read-only: a hot standby
