@@ -34,7 +34,8 @@ interface Pending {
  *
  * The statement's WAL position goes to the store's `durability` as a reservation's does:
  * a stored answer that a failover loses would leave its key in flight on the new primary,
- * to execute again once its lock expires, so losing it must be seen (`store_lost_commits`).
+ * where a retry gets `outcome_unknown` instead of its replay (or, with `on_unknown_outcome:
+ * retry`, executes again), so losing it must be seen (`store_lost_commits`).
  *
  * @example
  * const completer = createCompleter(db, setImmediate)
