@@ -17,6 +17,7 @@ const jobTypes = [
 /** The real fetch, recording every call and able to fail or hold heartbeats: a flaky or hung store, seen from the worker. */
 function recordingFetch() {
   const calls: string[] = []
+  const answered: string[] = []
   const faults = { failHeartbeats: 0, holdHeartbeats: false, slowClaimMs: 0 }
   const fetchImpl: FetchLike = async (input, init) => {
     const path = new URL(String(input)).pathname
@@ -32,9 +33,11 @@ function recordingFetch() {
         return new Promise((_, reject) => init!.signal!.addEventListener('abort', () => reject(init!.signal!.reason)))
       }
     }
-    return fetch(input, init)
+    const answer = await fetch(input, init)
+    answered.push(`${init?.method ?? 'GET'} ${path}`)
+    return answer
   }
-  return { calls, faults, fetch: fetchImpl, sent: (suffix: string) => calls.filter((c) => c.endsWith(suffix)).length }
+  return { calls, answered, faults, fetch: fetchImpl, sent: (suffix: string) => calls.filter((c) => c.endsWith(suffix)).length }
 }
 
 /** Polls until `check` holds: on database state or on the lease, never on elapsed time. */
@@ -178,7 +181,7 @@ describe.each(backends())('worker SDK on $name', (backend) => {
     expect(await client.getJob(job_id)).toMatchObject({ state: 'running', owner: 'w2', fence: '2', result: null })
   })
 
-  it('cancel: a cancel delivered by a heartbeat aborts the signal and ends the job as cancelled, with nothing committed', async () => {
+  it('cancel: a cancel delivered by a heartbeat aborts the signal and ends the job as cancelled, with nothing committed, before work() resolves', async () => {
     const { job_id } = await client.start({ type: 'report', key: 'k1' })
     const events: WorkEvent[] = []
     const stop = new AbortController()
@@ -192,6 +195,8 @@ describe.each(backends())('worker SDK on $name', (backend) => {
       reason = lease.signal.reason
       return { ignored: true }
     })
+    // work() resolved only once the fail that ends the job as cancelled was answered (CI once read the job as running).
+    expect(rec.answered.filter((c) => c.endsWith('/fail'))).toHaveLength(1)
     expect(reason).toBeInstanceOf(JobCancelled)
     expect(events.map((e) => e.type)).toEqual(['claimed', 'cancelled'])
     expect(await client.getJob(job_id)).toMatchObject({ state: 'cancelled', result: null })

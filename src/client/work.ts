@@ -135,6 +135,9 @@ async function run(job: Job, lease: Lease, handler: Handler, ctx: RunContext): P
     }
     // work() resolves only once the job is given back, so a process may exit right after it.
     await grace.released()
+    // A cancel or a release is told to the server before \`ended\` resolves: without this wait, work() could
+    // resolve (and the process exit) before the fail that ends a cancelled job had arrived.
+    await lease.ended
     reportEnded(job, lease, ctx.emit)
     if (outcome) return true
     if (grace.over()) return false
