@@ -1,9 +1,11 @@
+import { Agent, request } from 'undici'
 import { afterEach, describe, expect, it } from 'vitest'
 import type { Logger } from '../src/observe/log.js'
 import { openDb, startGateway, type RunningGateway } from '../src/runtime/node/gateway.js'
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post, route, testConfig } from './helpers/gateway.js'
 import { startPair, type ReplicatedPair } from './helpers/replicated.js'
+import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { gate, startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
@@ -27,6 +29,18 @@ interface LogLine {
 function recordingLog(lines: LogLine[]): Logger {
   const at = (level: string) => (event: string, fields: Record<string, unknown> = {}) => void lines.push({ level, event, fields })
   return { debug: () => {}, info: at('info'), warn: at('warn'), error: at('error') }
+}
+
+/** One fenced command on `dispatcher` (a fresh connection when none is given); its status and problem code. */
+async function capture(base: string, entity: string, fence: number, dispatcher?: Agent): Promise<{ status: number; code: string }> {
+  const fresh = dispatcher ?? new Agent({ pipelining: 0 })
+  try {
+    const res = await request(`${base}/payments/${entity}/capture`, { method: 'POST', dispatcher: fresh, headers: { 'content-type': 'application/json', 'x-execution-fence': String(fence) }, body: '{}' })
+    const body = (await res.body.json().catch(() => undefined)) as { code?: string } | undefined
+    return { status: res.statusCode, code: res.statusCode === 200 ? '200' : String(body?.code) }
+  } finally {
+    if (!dispatcher) await fresh.close()
+  }
 }
 
 /** Commands with rising fences on `entities`, each keyed by entity and fence, until stopped. */
@@ -85,6 +99,7 @@ describe.skipIf(!bin)('a store that fails over', () => {
   let pair: ReplicatedPair | undefined
   let clusters: Cluster[] = []
   let gateways: RunningGateway[] = []
+  let processes: GatewayProcess[] = []
   // Started with the first gateway; every test after the first reuses it.
   let upstream: Awaited<ReturnType<typeof startKeyCountingUpstream>>
   const executions = () => upstream.executions
@@ -106,6 +121,8 @@ describe.skipIf(!bin)('a store that fails over', () => {
   afterEach(async () => {
     await Promise.all(gateways.map((g) => g.close(1000)))
     gateways = []
+    await Promise.all(processes.map((p) => p.stop()))
+    processes = []
     pair?.destroy()
     pair = undefined
     for (const c of clusters) c.destroy()
@@ -258,6 +275,53 @@ describe.skipIf(!bin)('a store that fails over', () => {
     const kept = await pair.query<{ state: string }>(pair.standby, `SELECT state FROM fg_idempotency WHERE key = 'z-1'`)
     expect(kept).toEqual([{ state: 'in_flight' }])
   })
+
+  it('two workers: a failover that lost only one worker\'s acknowledged commits is refused by both, and by a worker restarted after it', async () => {
+    const t0 = performance.now()
+    const phase = (what: string) => console.log(`two workers: ${what} at ${Math.round(performance.now() - t0)} ms`)
+    pair = await startPair(bin!, { sync: false })
+    phase('pair started')
+    upstream ??= await startKeyCountingUpstream()
+    const config = writeConfig({
+      server: { port: 0, admin_port: 0, workers: 2 }, store: { connect_timeout: '1s', max_connections: 8 },
+      routes: [{ name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url, entity: 'invoice:{params.id}', fence: 'required' }],
+    })
+    const gw = await startGatewayProcess(['--config', config, '--database-url', pair.url])
+    processes.push(gw)
+    const workers = async () => ((await (await fetch(`${gw.adminUrl}/health`)).json()) as { workers?: number }).workers
+    await until('both workers live', async () => (await workers()) === 2)
+    phase('workers live')
+    await pair.cut()
+    // One connection, so one worker: it alone acknowledges fences the standby never gets.
+    const one = new Agent({ connections: 1 })
+    for (let fence = 1; fence <= 5; fence++) expect((await capture(gw.dataUrl, 'a', fence, one)).status).toBe(200)
+    await one.close()
+    const forwarded = upstream.received.length
+
+    pair.primary.stop('immediate')
+    pair.promote()
+    phase('promoted')
+    // Each command on a connection of its own: node:cluster hands them to the workers in turn,
+    // so the worker that acknowledged nothing answers every other one.
+    const answers: string[] = []
+    await until('every worker refuses with store_lost_commits', async () => {
+      const round = await Promise.all(Array.from({ length: 6 }, async () => (await capture(gw.dataUrl, 'a', 1)).code))
+      answers.push(...round)
+      return round.every((code) => code === 'store_lost_commits')
+    })
+    phase(`refused by both after ${answers.length} commands`)
+    expect(answers.filter((a) => !['store_unavailable', 'store_lost_commits'].includes(a)), JSON.stringify(answers)).toEqual([])
+    expect(upstream.received.length).toBe(forwarded)
+
+    // A worker that dies now is restarted refusing, though its own store has no acknowledged write to judge.
+    const pids = () => [...new Set(gw.lines.map((l) => JSON.parse(l) as { event: string; pid?: number }).filter((l) => l.event === 'listening').map((l) => l.pid!))]
+    process.kill(pids()[0]!, 'SIGKILL')
+    await until('a third worker started', async () => pids().length === 3 && (await workers()) === 2)
+    phase('restarted')
+    const after = await Promise.all(Array.from({ length: 6 }, async () => (await capture(gw.dataUrl, 'b', 1)).code))
+    expect(after).toEqual(Array(6).fill('store_lost_commits'))
+    expect(upstream.received.length).toBe(forwarded)
+  }, 180_000)
 
   it('store.require_replicated: with the synchronous standby stopped nothing is forwarded, and commands are served again when it streams', async () => {
     pair = await startPair(bin!, { sync: true })

@@ -1,6 +1,6 @@
 import type { Logger } from '../observe/log.js'
 import { StoreError, type Db } from './db.js'
-import { judgeChange } from './lost-commits.js'
+import { judgeChange, type Verdict } from './lost-commits.js'
 import { compareLsn, readPosition, readStoreState, type StoreState, type WalPosition } from './wal.js'
 
 /**
@@ -44,8 +44,33 @@ export interface DurabilityStatus {
   timeline?: number
 }
 
+/** The last write one worker acknowledged: an LSN, and the timeline it was written on. */
+export interface AckedPosition {
+  timeline: number
+  lsn: string
+}
+
+/**
+ * The other processes of one gateway (`server.workers > 1`, src/runtime/node/cluster-worker.ts).
+ * Each worker acknowledges its own commands, so a failover that lost only another worker's
+ * commits would look clean to this one: a change is judged against every worker's last
+ * acknowledged write, and a refusal one worker reaches holds for all of them.
+ */
+export interface DurabilityPeers {
+  /** A refusal another worker reached before this one started (a restarted worker inherits it). */
+  refusing?: { code: DurabilityRefusalCode; detail: string }
+  /** Every other live worker's last acknowledged write, or undefined when one did not answer. */
+  acknowledged(): Promise<(AckedPosition | undefined)[] | undefined>
+  /** Tells the other workers, and those started later, that this gateway refuses. */
+  refuse(code: DurabilityRefusalCode, detail: string): void
+  /** Receives a refusal another worker reached. */
+  onRefusal(handler: (code: DurabilityRefusalCode, detail: string) => void): void
+}
+
 export interface Durability {
   status(): DurabilityStatus
+  /** This process's last acknowledged write on the timeline it knows, if any (for its peers). */
+  acknowledged(): AckedPosition | undefined
   /** Throws a DurabilityRefusal when no command may be served now. */
   admit(): void
   /** `pending`, or a DurabilityRefusal when replication is lost while it waits (require_replicated only). */
@@ -58,6 +83,7 @@ export interface Durability {
 /** The durability of a store that cannot lose a write to a failover it does not have (PGlite), or of none checked. */
 export const localDurability: Durability = {
   status: () => ({ level: 'local' }),
+  acknowledged: () => undefined,
   admit() {},
   during: (pending) => pending,
   observe: async () => {},
@@ -72,6 +98,8 @@ export interface DurabilityOptions {
   everyMs?: number
   /** How long a reading may take before it counts as unknown (1000 ms). */
   readTimeoutMs?: number
+  /** The gateway's other workers, when it has several. */
+  peers?: DurabilityPeers
 }
 
 /**
@@ -83,7 +111,7 @@ export interface DurabilityOptions {
  * durability.status() // { level: 'replicated', timeline: 2 }
  */
 export async function watchDurability(db: Db, options: DurabilityOptions): Promise<Durability> {
-  const { log, requireReplicated } = options
+  const { log, requireReplicated, peers } = options
   const readTimeoutMs = options.readTimeoutMs ?? 1000
   let level: DurabilityLevel = 'unknown'
   let refusal: DurabilityRefusal | undefined
@@ -101,12 +129,20 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
     if (requireReplicated && next !== 'replicated') for (const fail of waiters) fail(notReplicated())
   }
 
+  const refuse = (code: DurabilityRefusalCode, detail: string) => (refusal ??= new DurabilityRefusal(code, detail))
+  if (peers?.refusing) refuse(peers.refusing.code, peers.refusing.detail)
+  peers?.onRefusal((code, detail) => {
+    if (!refusal) log.error(code, { reached_by: 'another worker' })
+    refuse(code, detail)
+  })
+
   /** A change of timeline or boot seen by a reading or a command: judged once, in turn (src/store/lost-commits.ts). */
   const judge = (seen: StoreState) => (checking = (checking ?? Promise.resolve()).then(async () => {
     if (refusal || !known) return
-    const verdict = await judgeChange(db, known, seen, acked)
+    const verdict = await judgeWithPeers(db, known, seen, acked, peers)
     if (verdict.kind === 'refuse') {
-      refusal = new DurabilityRefusal(verdict.code, verdict.detail)
+      refuse(verdict.code, verdict.detail)
+      peers?.refuse(verdict.code, verdict.detail)
       return log.error(verdict.code, verdict.fields)
     }
     if (verdict.kind === 'failover') {
@@ -128,6 +164,7 @@ export async function watchDurability(db: Db, options: DurabilityOptions): Promi
   timer.unref?.()
 
   return {
+    acknowledged: () => (acked && known ? { timeline: known.timeline, lsn: acked } : undefined),
     status: () => ({ level, ...(refusal ? { refusing: refusal.code } : requireReplicated && level !== 'replicated' ? { refusing: 'store_not_replicated' as const } : {}), ...(known ? { timeline: known.timeline } : {}) }),
     admit() {
       if (refusal) throw refusal
@@ -174,6 +211,25 @@ export async function durably<T>(durability: Durability, run: () => Promise<T>, 
     // The refusal the monitor keeps is shared; this command's says that its statement ran.
     throw err instanceof DurabilityRefusal ? new DurabilityRefusal(err.code, err.detail, true) : err
   }
+}
+
+/**
+ * `judgeChange` against the furthest write any worker of the gateway acknowledged on the
+ * timeline it knew. A worker that does not answer may have acknowledged anything: when the
+ * timeline or the boot changed, that is judged as lost commits (fail closed).
+ */
+async function judgeWithPeers(db: Db, known: StoreState, seen: StoreState, acked: string | undefined, peers: DurabilityPeers | undefined): Promise<Verdict> {
+  if (!peers || seen.systemId !== known.systemId) return judgeChange(db, known, seen, acked)
+  const theirs = await peers.acknowledged()
+  if (!theirs) {
+    return {
+      kind: 'refuse', code: 'store_lost_commits', fields: { from_timeline: known.timeline, to_timeline: seen.timeline, unanswered: 'worker' },
+      detail: 'the store failed over or restarted, and a worker of this gateway did not say what it acknowledged; nothing is served until the gateway is restarted',
+    }
+  }
+  const onKnown = theirs.filter((p): p is AckedPosition => p?.timeline === known.timeline).map((p) => p.lsn)
+  const furthest = [acked, ...onKnown].reduce<string | undefined>((a, b) => (b && (!a || compareLsn(b, a) > 0) ? b : a), undefined)
+  return judgeChange(db, known, seen, furthest)
 }
 
 /** `pending`'s value, or undefined when it takes longer than `ms` (its failure counts the same). */

@@ -26,16 +26,29 @@ export interface Cluster {
   destroy(): void
 }
 
-/** The directory holding initdb and pg_ctl, or undefined when they are not installed. */
+/** What the fault and failover tests run: a cluster's own server, and the tools that copy, promote and rewind it. */
+const serverTools = ['initdb', 'pg_ctl', 'postgres', 'pg_basebackup', 'pg_rewind']
+
+/**
+ * The directory holding PostgreSQL's server tools, or undefined (with a warning naming what is
+ * missing, so a skipped suite says why) when any of them is not installed.
+ */
 export function postgresBinaries(): string | undefined {
+  const dir = serverToolsDir()
+  const missing = serverTools.filter((tool) => !dir || !existsSync(join(dir, tool)))
+  if (missing.length === 0) return dir
+  console.warn(`PostgreSQL cluster tests skipped: ${missing.join(', ')} not found (Debian: apt-get install postgresql)`)
+  return undefined
+}
+
+function serverToolsDir(): string | undefined {
   const onPath = spawnSync('sh', ['-c', 'command -v initdb'], { encoding: 'utf8' }).stdout.trim()
   // A link on PATH (Debian's /usr/local/bin/initdb) points into the directory with all the tools.
   if (onPath) return join(realpathSync(onPath), '..')
   const base = '/usr/lib/postgresql'
   if (!existsSync(base)) return undefined
   const version = readdirSync(base).sort((a, b) => Number(b) - Number(a))[0]
-  const dir = version && join(base, version, 'bin')
-  return dir && existsSync(join(dir, 'initdb')) ? dir : undefined
+  return version && join(base, version, 'bin')
 }
 
 // PostgreSQL refuses to run as root; as root the cluster belongs to the `postgres` user.

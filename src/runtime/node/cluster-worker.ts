@@ -1,5 +1,6 @@
 import cluster from 'node:cluster'
 import { AggregatorRegistry, type Registry } from 'prom-client'
+import type { AckedPosition, DurabilityPeers, DurabilityRefusalCode } from '../../store/durability.js'
 import type { ClusterMessage } from './supervisor.js'
 
 /**
@@ -18,6 +19,10 @@ export interface ClusterWorker {
   aggregate(): Promise<string>
   /** Tells the supervisor this worker serves. */
   ready(): void
+  /** What the other workers acknowledged and refuse (src/store/durability.ts). */
+  peers: DurabilityPeers
+  /** How this worker answers the others' question about its last acknowledged write. */
+  answerAcknowledged(own: () => AckedPosition | undefined): void
 }
 
 /**
@@ -32,9 +37,11 @@ export function clusterWorker(): ClusterWorker | undefined {
   let live = 0
   let next = 0
   const pending = new Map<number, (text: string | undefined) => void>()
+  const peers = durabilityPeers()
   process.on('message', (message: ClusterMessage) => {
     if (message?.fencegate === 'workers') live = message.live
     else if (message?.fencegate === 'metrics') pending.get(message.id)?.(message.text)
+    else peers.receive(message)
   })
   return {
     index: Number(process.env.FENCEGATE_WORKER_INDEX),
@@ -60,5 +67,38 @@ export function clusterWorker(): ClusterWorker | undefined {
       })
     },
     ready: () => void process.send!({ fencegate: 'ready' } satisfies ClusterMessage),
+    peers: peers.peers,
+    answerAcknowledged: (own) => void (peers.own = own),
   }
+}
+
+/** The worker's side of the durability questions the supervisor relays between workers. */
+function durabilityPeers() {
+  let next = 0
+  const asked = new Map<number, (positions: (AckedPosition | null)[] | undefined) => void>()
+  let onRefusal: (code: DurabilityRefusalCode, detail: string) => void = () => {}
+  const inherited = process.env.FENCEGATE_REFUSING
+  const state = {
+    own: (): AckedPosition | undefined => undefined,
+    peers: {
+      ...(inherited ? { refusing: JSON.parse(inherited) as { code: DurabilityRefusalCode; detail: string } } : {}),
+      acknowledged: () => new Promise<(AckedPosition | undefined)[] | undefined>((resolve) => {
+        const id = next++
+        asked.set(id, (positions) => resolve(positions?.map((p) => p ?? undefined)))
+        process.send!({ fencegate: 'acked?', id } satisfies ClusterMessage)
+      }),
+      refuse: (code, detail) => void process.send!({ fencegate: 'refuse', code, detail } satisfies ClusterMessage),
+      onRefusal: (handler) => void (onRefusal = handler),
+    } satisfies DurabilityPeers,
+    receive(message: ClusterMessage) {
+      if (message?.fencegate === 'acked?' && message.from !== undefined) {
+        const position = state.own()
+        process.send!({ fencegate: 'acked', id: message.id, from: message.from, ...(position ? { position } : {}) } satisfies ClusterMessage)
+      } else if (message?.fencegate === 'acked' && message.from === undefined) {
+        asked.get(message.id)?.(message.positions)
+        asked.delete(message.id)
+      } else if (message?.fencegate === 'refuse') onRefusal(message.code, message.detail)
+    },
+  }
+  return state
 }

@@ -27,7 +27,7 @@ import { loadMigrations } from '../../store/migrations-fs.js'
 import { openPglite } from '../../store/pglite.js'
 import { connectPostgres, type PostgresOptions } from '../../store/postgres.js'
 import { createStore, type Store } from '../../store/store.js'
-import { localDurability, watchDurability, type Durability } from '../../store/durability.js'
+import { localDurability, watchDurability, type Durability, type DurabilityPeers } from '../../store/durability.js'
 import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
 import { purgeOnce } from '../retention.js'
 import type { ClusterWorker } from './cluster-worker.js'
@@ -94,7 +94,8 @@ export async function startGateway(options: {
   // The workers share store.max_connections (src/runtime/node/workers.ts).
   const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
   const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
-  const durability = await storeDurability(db, config, log)
+  const durability = await storeDurability(db, config, log, cluster?.peers)
+  cluster?.answerAcknowledged(() => durability.acknowledged())
   const metrics = createPromMetrics({
     ...(cluster ? { aggregate: () => cluster.aggregate() } : {}),
     durability: () => durability.status().level,
@@ -186,8 +187,8 @@ export async function startGateway(options: {
  * What the store can lose: watched on PostgreSQL (src/store/durability.ts); the embedded
  * store has no standby, so `store.require_replicated` cannot be met on it.
  */
-async function storeDurability(db: Db, config: Config, log: Logger): Promise<Durability> {
-  if (db.kind === 'postgres') return watchDurability(db, { log, requireReplicated: config.store.require_replicated })
+async function storeDurability(db: Db, config: Config, log: Logger, peers: DurabilityPeers | undefined): Promise<Durability> {
+  if (db.kind === 'postgres') return watchDurability(db, { log, requireReplicated: config.store.require_replicated, ...(peers ? { peers } : {}) })
   if (config.store.require_replicated) {
     await db.close()
     throw new ConfigError(['store.require_replicated: the embedded store has no standby; set store.url to a replicated PostgreSQL'])

@@ -1,6 +1,7 @@
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, type RegistryContentType } from 'prom-client'
 import type { Logger } from '../../observe/log.js'
+import type { AckedPosition, DurabilityRefusalCode } from '../../store/durability.js'
 
 /**
  * `server.workers > 1`: the supervising process of a gateway. It opens no store and serves
@@ -21,6 +22,15 @@ export type ClusterMessage =
   | { fencegate: 'ready' }
   | { fencegate: 'workers'; live: number }
   | { fencegate: 'metrics'; id: number; text?: string }
+  /** A worker asks for the others' last acknowledged writes; the supervisor asks each of them (`from` set). */
+  | { fencegate: 'acked?'; id: number; from?: number }
+  /** A worker's own answer (`position`), or the supervisor's to the one that asked (`positions`, absent when one did not answer). */
+  | { fencegate: 'acked'; id: number; from?: number; position?: AckedPosition; positions?: (AckedPosition | null)[] }
+  /** A worker refuses every command (src/store/durability.ts): so do all of them, restarted ones included. */
+  | { fencegate: 'refuse'; code: DurabilityRefusalCode; detail: string }
+
+/** How long the supervisor waits for the workers' acknowledged writes before the asker fails closed. */
+const ackedAnswerMs = 1000
 
 export interface SupervisorOptions {
   count: number
@@ -85,6 +95,9 @@ interface Slot {
 class Supervisor {
   private readonly aggregator = new AggregatorRegistry()
   private readonly slots = new Map<number, Slot>()
+  /** A durability refusal one worker reached: every worker refuses until the gateway is restarted. */
+  private refusing: Extract<ClusterMessage, { fencegate: 'refuse' }> | undefined
+  private readonly acked = new AckedQueries()
   private stopping = false
   private exitCode = 0
   private allReady = false
@@ -115,7 +128,8 @@ class Supervisor {
   }
 
   private fork(index: number, failures: number): void {
-    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(this.o.count) })
+    const refusing = this.refusing ? { FENCEGATE_REFUSING: JSON.stringify({ code: this.refusing.code, detail: this.refusing.detail }) } : {}
+    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(this.o.count), ...refusing })
     this.slots.set(index, { worker, startedAt: performance.now(), failures, ready: false })
     worker.on('message', (message: ClusterMessage) => this.onMessage(index, worker, message))
     worker.on('exit', (code, signal) => this.onExit(index, worker, code, signal))
@@ -144,6 +158,14 @@ class Supervisor {
       this.broadcast()
     } else if (message?.fencegate === 'metrics') {
       answerMetrics(this.aggregator, worker, message.id)
+    } else if (message?.fencegate === 'acked?') {
+      const others = [...this.slots].filter(([i, s]) => i !== index && s.ready && s.worker.isConnected()).map(([i, s]) => ({ index: i, worker: s.worker }))
+      this.acked.ask(worker, message.id, index, others)
+    } else if (message?.fencegate === 'acked' && message.from !== undefined) {
+      this.acked.answer(message.from, message.id, index, message.position)
+    } else if (message?.fencegate === 'refuse') {
+      this.refusing ??= message
+      for (const [i, s] of this.slots) if (i !== index && s.worker.isConnected()) s.worker.send(message satisfies ClusterMessage)
     }
   }
 
@@ -163,5 +185,46 @@ class Supervisor {
     const { failures, delayMs } = restartBackoff(slot.failures, performance.now() - slot.startedAt)
     this.o.log.warn('worker_exited', { worker: index, code, signal, restart_in_ms: delayMs })
     setTimeout(() => !this.stopping && this.fork(index, failures), delayMs)
+  }
+}
+
+interface AckedQuery {
+  asker: Worker
+  id: number
+  waiting: Set<number>
+  positions: (AckedPosition | null)[]
+  timer: ReturnType<typeof setTimeout>
+}
+
+/**
+ * A worker's question "what did the others acknowledge?": asked of every other live worker,
+ * answered once all have said, or without positions after `ackedAnswerMs` (the asker then
+ * fails closed). A worker that dies meanwhile counts as not answering.
+ */
+class AckedQueries {
+  private readonly open = new Map<string, AckedQuery>()
+
+  ask(asker: Worker, id: number, from: number, others: { index: number; worker: Worker }[]): void {
+    const key = `${from}:${id}`
+    const timer = setTimeout(() => this.settle(key, false), ackedAnswerMs)
+    this.open.set(key, { asker, id, waiting: new Set(others.map((o) => o.index)), positions: [], timer })
+    for (const o of others) o.worker.send({ fencegate: 'acked?', id, from } satisfies ClusterMessage)
+    if (others.length === 0) this.settle(key, true)
+  }
+
+  answer(from: number, id: number, by: number, position: AckedPosition | undefined): void {
+    const query = this.open.get(`${from}:${id}`)
+    if (!query?.waiting.delete(by)) return
+    query.positions.push(position ?? null)
+    if (query.waiting.size === 0) this.settle(`${from}:${id}`, true)
+  }
+
+  private settle(key: string, answered: boolean): void {
+    const query = this.open.get(key)
+    if (!query) return
+    this.open.delete(key)
+    clearTimeout(query.timer)
+    const reply: ClusterMessage = { fencegate: 'acked', id: query.id, ...(answered ? { positions: query.positions } : {}) }
+    if (query.asker.isConnected()) query.asker.send(reply)
   }
 }
