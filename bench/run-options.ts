@@ -66,6 +66,8 @@ export function usage(): string {
     'usage: npm run bench -- [options]            fencegate beside reference systems, in one run',
     '       npm run bench -- profile [options]    CPU profiles of the gateway (see bench/profile.ts)',
     '       npm run bench -- leases [options]     the lease service\'s own bench',
+    '       npm run bench -- faults               store faults and failover on a throwaway cluster',
+    '       npm run bench -- positions            the cost of tracking acknowledged WAL positions',
     '',
     'options:',
   ]

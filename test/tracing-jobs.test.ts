@@ -17,7 +17,7 @@ describe.each(backends())('job API spans on $name', (backend) => {
     collector = await startCollector()
     traced = startTracing(tracingSettings({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_EXPORTER_OTLP_ENDPOINT: collector.url })!, silentLogger)
     gw = await startTestGateway({
-      config: testConfig([route('http://127.0.0.1:9')], { job_types: [{ name: 'report', lease: '45s' }] }),
+      config: testConfig([route('http://127.0.0.1:9')], { job_types: [{ name: 'report', lease: '45s' }, { name: 'sync', lease: '45s' }] }),
       store: t.store, jobs: createJobStore(t.db), tracing: traced.tracing, storeSystem: system(backend.name),
     })
   })
@@ -47,6 +47,43 @@ describe.each(backends())('job API spans on $name', (backend) => {
       expect(children.length).toBeGreaterThan(0)
       for (const c of children) expect(c.attributes['db.system.name']).toBe(system(backend.name))
     }
+  })
+
+  it('lease calls show the job id, the fence and the lease outcome; a stale heartbeat shows its refusal, status unset', async () => {
+    const post = async (path: string, body: unknown) => {
+      const res = await fetch(`${gw.url}/_fencegate/jobs${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+      return { status: res.status, json: res.status === 204 ? undefined : ((await res.json()) as Record<string, string>) }
+    }
+    const { job_id: id } = (await post('', { type: 'sync', key: 's-1', payload: { secret: 'not-in-spans' } })).json!
+    const first = (await post('/claim', { worker_id: 'w1', types: ['sync'] })).json!
+    expect((await post(`/${id}/release`, { worker_id: 'w1', fence: first.fence })).status).toBe(200)
+    const second = (await post('/claim', { worker_id: 'w2', types: ['sync'] })).json!
+    expect(BigInt(second.fence!)).toBeGreaterThan(BigInt(first.fence!))
+    const stale = await post(`/${id}/heartbeat`, { worker_id: 'w1', fence: first.fence })
+    expect([stale.status, stale.json!.code]).toEqual([409, 'lease_lost'])
+    expect((await post(`/${id}/heartbeat`, { worker_id: 'w2', fence: second.fence })).status).toBe(200)
+    expect((await post(`/${id}/complete`, { worker_id: 'w2', fence: second.fence, result: { rows: 1 } })).status).toBe(200)
+    await post('/bulk', { jobs: [{ type: 'sync', key: 's-2' }, { type: 'sync', key: 's-3' }] })
+    expect((await post('/claim', { worker_id: 'w3', types: ['sync'], max: 5 })).status).toBe(200)
+    expect((await post('/claim', { worker_id: 'w3', types: ['sync'] })).status).toBe(204)
+    await traced.flush()
+    const leased = collector.spans.filter((s) => s.kind === spanKind.server && s.attributes['fencegate.lease.outcome'] !== undefined)
+    const shown = leased.map((s) => [s.name, s.attributes['fencegate.job.id'], s.attributes['fencegate.fence'], s.attributes['fencegate.job.count'], s.attributes['fencegate.lease.outcome'], s.status.code])
+    const job = '/_fencegate/jobs/{job_id}'
+    expect(shown).toEqual([
+      ['POST /_fencegate/jobs/claim', id, first.fence, undefined, 'claimed', 0],
+      [`POST ${job}/release`, id, first.fence, undefined, 'released', 0],
+      ['POST /_fencegate/jobs/claim', id, second.fence, undefined, 'claimed', 0],
+      // The refusal is the client's (4xx): the status stays unset, the code is the outcome and the decision.
+      [`POST ${job}/heartbeat`, id, first.fence, undefined, 'lease_lost', 0],
+      [`POST ${job}/heartbeat`, id, second.fence, undefined, 'renewed', 0],
+      [`POST ${job}/complete`, id, second.fence, undefined, 'completed', 0],
+      ['POST /_fencegate/jobs/claim', undefined, undefined, 2, 'claimed', 0],
+      ['POST /_fencegate/jobs/claim', undefined, undefined, undefined, 'none', 0],
+    ])
+    expect(leased[3]!.attributes['fencegate.decision']).toBe('lease_lost')
+    // Identifiers only: no payload or result reaches the tracing backend.
+    for (const s of collector.spans) expect(JSON.stringify(s.attributes)).not.toMatch(/not-in-spans|rows/)
   })
 })
 

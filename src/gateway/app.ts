@@ -4,7 +4,8 @@ import type { Digest } from '../http/body.js'
 import type { Config } from '../config/schema.js'
 import type { Forward } from './forward.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
-import { createJobsApi, jobRouteOf, jobsPath } from '../leases/api.js'
+import { createJobsApi, jobRouteOf, jobsPath, type JobSpanRoute } from '../leases/api.js'
+import type { JobSpanNotes } from '../leases/api-context.js'
 import type { JobStore } from '../leases/store.js'
 import type { ClaimWake } from '../leases/wake.js'
 import { silentLogger, type Logger } from '../observe/log.js'
@@ -94,17 +95,17 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
   const authenticate = deps.authenticate ?? noAuthentication
   const command = createPipeline({ ...deps, authenticate, rules, log, metrics, tracing })
   const jobsApi = deps.jobs && createJobsApi({ config: deps.config, jobs: deps.jobs, authenticate, log, wake: deps.claimWake, metrics, audit: (r) => deps.store.recordRejection(r) })
-  const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: { template: string; id?: string } }): Promise<Answer> => {
+  const serveJobs = async (request: Inbound, requestId: string, traced?: { span: OpenSpan; route: JobSpanRoute; notes?: JobSpanNotes }): Promise<Answer> => {
     let answer: Answer | undefined
     try {
-      // A traced call's statements are spans under its own, and its log lines and audit rows carry its ids.
-      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span), traceId: traceIdOf(traced.span) })
+      // A traced call's statements are spans under its own, its log lines and audit rows carry its ids, and its route notes what its span shows.
+      answer = await jobsApi!(request, requestId, traced && { jobs: storeSpans(deps.jobs!, traced.span, tracing, storeSystem), log: correlatedLogger(log, traced.span), traceId: traceIdOf(traced.span), notes: traced.notes })
     } catch (err) {
       const problem = failureProblem(err, log, requestId, 'the store could not be reached; nothing was changed')
-      if (traced) endJobSpan(traced.span, request.method, traced.route, problem.status, problem.code)
+      if (traced) endJobSpan(traced.span, request.method, traced.route, traced.notes, problem.status, problem.code)
       return problemAnswer(problem, requestId, { accept: request.headers.get('accept') })
     }
-    if (traced && answer) endJobSpan(traced.span, request.method, traced.route, answer.status)
+    if (traced && answer) endJobSpan(traced.span, request.method, traced.route, traced.notes, answer.status)
     return answer ?? command(request, requestId)
   }
   const routed: HandleCommand = !jobsApi ? command : async (request, requestId) => {
@@ -112,7 +113,9 @@ export function createDataPlane(deps: AppDeps): { app: Hono<AppEnv>; handle: Han
     if (!request.url.pathname.startsWith(jobsPath)) return command(request, requestId)
     const route = tracing.enabled ? jobRouteOf(request.method, request.url.pathname) : undefined
     if (!route) return serveJobs(request, requestId)
-    return serveJobs(request, requestId, { span: startRequestSpan(tracing, request), route })
+    const span = startRequestSpan(tracing, request)
+    // Notes only for a span that records: an unsampled call's routes write nothing.
+    return serveJobs(request, requestId, { span, route, notes: span.sampled ? {} : undefined })
   }
   const guard = deps.browserGuard
   const handle: HandleCommand = !guard ? routed : async (request, requestId) => {

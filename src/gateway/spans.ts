@@ -4,6 +4,8 @@ import {
 } from '@opentelemetry/semantic-conventions'
 import type { RouteConfig } from '../config/schema.js'
 import type { Inbound } from '../http/inbound.js'
+import type { JobSpanRoute } from '../leases/api.js'
+import type { JobSpanNotes } from '../leases/api-context.js'
 import type { ProblemCode } from '../http/problems.js'
 import type { HeaderSink, OpenSpan, Tracing } from '../observe/tracing.js'
 
@@ -77,14 +79,21 @@ export function endRequestSpan(trace: DecidedRequest, decision: 'forwarded' | 'r
 
 /**
  * The SERVER span of a job API call, ended with its answer: named by the route's template,
- * with the job id (`fencegate.job.id`) and, for a refusal, the problem code as the decision.
+ * with the job id (`fencegate.job.id`: the path's, or a one-job claim's), the fence presented
+ * or issued, a batch claim's `fencegate.job.count`, the lease's outcome (`renewed`,
+ * `completed`… or, on a lease route, the refusal's problem code) and a refusal's code as the
+ * decision. An unsampled span records nothing: its attributes are not even built.
  */
-export function endJobSpan(span: OpenSpan, method: string, route: { template: string; id?: string }, status: number, code?: ProblemCode): void {
+export function endJobSpan(span: OpenSpan, method: string, route: JobSpanRoute, notes: JobSpanNotes | undefined, status: number, code?: ProblemCode): void {
+  if (!span.sampled) return span.end()
   span.rename(`${spanMethod(method)} ${route.template}`)
   span.set({
     [ATTR_HTTP_ROUTE]: route.template,
     [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
-    'fencegate.job.id': route.id,
+    'fencegate.job.id': route.id ?? notes?.jobId,
+    'fencegate.fence': notes?.fence,
+    'fencegate.job.count': notes?.count,
+    'fencegate.lease.outcome': code !== undefined ? (route.lease ? code : undefined) : notes?.outcome,
     'fencegate.decision': code,
   })
   span.end(status >= 500 ? (code ?? String(status)) : undefined)

@@ -1,7 +1,7 @@
 import type { JobType } from '../config/schema.js'
 import type { Answer } from '../http/exchange.js'
 import { claimBody, jsonBody } from './api-body.js'
-import { jsonAnswer, noContent, type JobCall, type JobsContext } from './api-context.js'
+import { jsonAnswer, noContent, type JobCall, type JobSpanNotes, type JobsContext } from './api-context.js'
 import { workerOf } from './api-identity.js'
 import type { Claimed } from './store.js'
 
@@ -13,12 +13,13 @@ import type { Claimed } from './store.js'
  * @example
  * // POST /_fencegate/jobs/claim {"worker_id":"w1","wait":10} → 200 {"job_id":"7","fence":"3",…} or 204
  */
-export async function claimHandler(ctx: JobsContext, { request, requestId, identity }: JobCall): Promise<Answer> {
+export async function claimHandler(ctx: JobsContext, { request, requestId, identity, notes }: JobCall): Promise<Answer> {
   const body = await jsonBody(request, claimBody, ctx.limit)
   const wanted = ctx.typesFor(body.types)
   const claim = { tenant: identity.tenant, workerId: workerOf(identity, body.worker_id), types: wanted, max: body.max }
   // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
   const answer = (claimed: Claimed[]) => {
+    if (notes) noteClaim(notes, claimed, body.max !== undefined)
     if (claimed.length === 0) return undefined
     const shown = claimed.map(({ state: _state, reclaimed: _reclaimed, ...one }) => one)
     return jsonAnswer(200, body.max === undefined ? shown[0]! : { jobs: shown }, requestId)
@@ -40,6 +41,20 @@ export async function claimHandler(ctx: JobsContext, { request, requestId, ident
     }
   } finally {
     waiter.release()
+  }
+}
+
+/**
+ * A claim's span: the one job's id and new fence, or for a claim with `max` only how many
+ * (a list of up to 100 ids is no attribute to search by, and the first alone would read as
+ * the only one). Each round overwrites the last, so a wait that ends empty says `none`.
+ */
+function noteClaim(notes: JobSpanNotes, claimed: Claimed[], batch: boolean): void {
+  notes.outcome = claimed.length === 0 ? 'none' : 'claimed'
+  if (batch) notes.count = claimed.length
+  else if (claimed[0]) {
+    notes.jobId = claimed[0].job_id
+    notes.fence = claimed[0].fence
   }
 }
 

@@ -18,6 +18,30 @@ export interface JobCall {
   jobId: string
   /** The trace of the call, for the audit rows it writes; null when untraced. */
   traceId: string | null
+  /** What the call's SERVER span will show; undefined unless the span is sampled, so an untraced call writes nothing. */
+  notes?: JobSpanNotes | undefined
+}
+
+/**
+ * What a job route learned for its call's SERVER span (`endJobSpan`, src/gateway/spans.ts):
+ * identifiers and outcomes only, never a payload, a result or an error text.
+ */
+export interface JobSpanNotes {
+  /** The job acted on when the path does not name it: a one-job claim's. */
+  jobId?: string
+  /** The fence presented (heartbeat, append, complete, fail, release) or issued (a one-job claim). */
+  fence?: string
+  /** How many jobs a claim with `max` took (its ids are left out: up to 100 of them). */
+  count?: number
+  /** What became of the lease; a refusal's outcome is its problem code, set where the span ends. */
+  outcome?: LeaseOutcome
+}
+
+export type LeaseOutcome = 'claimed' | 'none' | 'renewed' | 'appended' | 'completed' | 'failed' | 'released'
+
+/** Notes the lease's outcome on a sampled call's span; a string constant, so nothing is allocated when untraced. */
+export function noteOutcome(call: JobCall, outcome: LeaseOutcome): void {
+  if (call.notes) call.notes.outcome = outcome
 }
 
 /** The shared pieces every job route uses. */

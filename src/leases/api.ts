@@ -8,7 +8,7 @@ import type { Logger } from '../observe/log.js'
 import { noMetrics, type Metrics } from '../observe/metrics.js'
 import { appendBody, bulkStartBody, completeBody, failBody, holderBody, jsonBody, startBody } from './api-body.js'
 import { claimHandler } from './api-claim.js'
-import { jsonAnswer, type JobCall, type JobRoute, type JobsContext } from './api-context.js'
+import { jsonAnswer, noteOutcome, type JobCall, type JobRoute, type JobSpanNotes, type JobsContext } from './api-context.js'
 import type { Holder, JobStore, Started } from './store.js'
 import { createClaimWake, type ClaimWake } from './wake.js'
 import { jobScopes, requireJobScope, workerOf, type JobScope } from './api-identity.js'
@@ -31,9 +31,9 @@ export interface JobsApiDeps {
 /**
  * The job API's handler: an answer, or undefined when no job route matches (the caller's router
  * goes on). `scope` replaces the statements and the logger for this call (a traced call's spans and log ids),
- * and names its trace for the audit rows it writes.
+ * names its trace for the audit rows it writes, and takes the notes for a sampled call's span.
  */
-export type JobsApi = (request: Inbound, requestId: string, scope?: { jobs: JobStore; log: Logger; traceId?: string | null }) => Promise<Answer | undefined>
+export type JobsApi = (request: Inbound, requestId: string, scope?: { jobs: JobStore; log: Logger; traceId?: string | null; notes?: JobSpanNotes | undefined }) => Promise<Answer | undefined>
 
 
 /**
@@ -67,7 +67,7 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
     if (!found) return undefined
     const identity = await authenticate(request)
     const jobId = found.id === undefined ? '' : jobIdOf(found.id)
-    const call: JobCall = { request, requestId, identity, jobId, traceId: scope?.traceId ?? null }
+    const call: JobCall = { request, requestId, identity, jobId, traceId: scope?.traceId ?? null, notes: scope?.notes }
     try {
       return await found.route(scope ? { ...ctx, jobs: scope.jobs, log: scope.log } : ctx, call)
     } catch (err) {
@@ -114,18 +114,32 @@ const perJob = new Map<string, Map<string, JobRoute>>([
   ['/cancel', new Map([['POST', scoped(jobScopes.cancel, cancel)]])],
 ])
 
+/** A job API route as its span names it (src/gateway/spans.ts `endJobSpan`). */
+export interface JobSpanRoute {
+  /** `/_fencegate/jobs/{job_id}/heartbeat`: never the raw path. */
+  template: string
+  /** The job id as written in the path, when the route has one. */
+  id?: string
+  /** It takes or holds a lease, so a refusal's code is the lease's outcome too. */
+  lease: boolean
+}
+
+// The routes a lease is claimed or presented on; `/cancel` is the operator's and holds none.
+const leaseVerbs = new Set(['/claim', '/heartbeat', '/append', '/complete', '/fail', '/release'])
+
 /**
  * The job API's route a request is for, as a template (`/_fencegate/jobs/{job_id}/heartbeat`),
  * with the job id as written in the path; undefined when it is none of them. For span names.
  *
  * @example
- * jobRouteOf('POST', '/_fencegate/jobs/42/heartbeat') // { template: '/_fencegate/jobs/{job_id}/heartbeat', id: '42' }
+ * jobRouteOf('POST', '/_fencegate/jobs/42/heartbeat') // { template: '/_fencegate/jobs/{job_id}/heartbeat', id: '42', lease: true }
  */
-export function jobRouteOf(method: string, pathname: string): { template: string; id?: string } | undefined {
+export function jobRouteOf(method: string, pathname: string): JobSpanRoute | undefined {
   const found = routeOf(method, pathname)
   if (!found) return undefined
-  if (found.id === undefined) return { template: pathname }
-  return { template: `${jobsPath}/{job_id}${pathname.slice(jobsPath.length + 1 + found.id.length)}`, id: found.id }
+  if (found.id === undefined) return { template: pathname, lease: leaseVerbs.has(pathname.slice(jobsPath.length)) }
+  const verb = pathname.slice(jobsPath.length + 1 + found.id.length)
+  return { template: `${jobsPath}/{job_id}${verb}`, id: found.id, lease: leaseVerbs.has(verb) }
 }
 
 /** `/_fencegate/jobs`, `/bulk`, `/claim`, then `/:id` and `/:id/<verb>`; exact paths, no trailing slash. */
@@ -191,8 +205,11 @@ async function view(ctx: JobsContext, { request, requestId, identity, jobId }: J
   return jsonAnswer(200, { ...job, from: Number(from), chunks: await ctx.jobs.chunksFrom(jobId, Number(from)) }, requestId)
 }
 
-const holder = (call: JobCall, body: { worker_id: string; fence: string }): Holder =>
-  ({ tenant: call.identity.tenant, jobId: call.jobId, workerId: workerOf(call.identity, body.worker_id), fence: body.fence })
+function holder(call: JobCall, body: { worker_id: string; fence: string }): Holder {
+  // Noted before any statement, so a refused call's span shows the fence it presented.
+  if (call.notes) call.notes.fence = body.fence
+  return { tenant: call.identity.tenant, jobId: call.jobId, workerId: workerOf(call.identity, body.worker_id), fence: body.fence }
+}
 
 /** Why a holder statement changed nothing, as the problem to answer (and a log line and metric). */
 async function lost(ctx: JobsContext, h: Holder, code: 'lease_lost' | 'not_owner' = 'lease_lost'): Promise<FencegateError> {
@@ -210,6 +227,7 @@ async function heartbeat(ctx: JobsContext, call: JobCall): Promise<Answer> {
     ctx.log.debug('heartbeat_ok', { job_id: h.jobId, fence: h.fence })
     const { type, lease_left_ms, ...answer } = renewed
     ctx.metrics.heartbeat({ type, ageMs: Math.max(0, answer.lease_ms - lease_left_ms), remainingMs: Math.max(0, lease_left_ms) })
+    noteOutcome(call, 'renewed')
     return jsonAnswer(200, answer, call.requestId)
   }
   if (await ctx.jobs.failOverRuntime(h, ctx.config.job_types)) {
@@ -226,7 +244,10 @@ async function append(ctx: JobsContext, call: JobCall): Promise<Answer> {
   const h = holder(call, body)
   const r = await ctx.jobs.append(h, body.seq, body.chunk)
   if (!r.live) throw await lost(ctx, h)
-  if (r.inserted || r.same) return jsonAnswer(200, { seq: body.seq, cursor_length: r.cursor_length }, call.requestId)
+  if (r.inserted || r.same) {
+    noteOutcome(call, 'appended')
+    return jsonAnswer(200, { seq: body.seq, cursor_length: r.cursor_length }, call.requestId)
+  }
   throw new FencegateError('sequence_conflict', `the next chunk is ${r.cursor_length}; seq ${body.seq} is a gap or differs from the stored chunk`, { cursor_length: r.cursor_length ?? 0 })
 }
 
@@ -234,7 +255,10 @@ async function complete(ctx: JobsContext, call: JobCall): Promise<Answer> {
   const body = await jsonBody(call.request, completeBody, ctx.limit)
   const h = holder(call, body)
   const r = await ctx.jobs.complete(h, body.result, { requestId: call.requestId, caller: call.identity.caller, path: call.request.url.pathname, traceId: call.traceId })
-  if (r.completed || r.repeated) return jsonAnswer(200, { job_id: h.jobId, state: 'succeeded' }, call.requestId)
+  if (r.completed || r.repeated) {
+    noteOutcome(call, 'completed')
+    return jsonAnswer(200, { job_id: h.jobId, state: 'succeeded' }, call.requestId)
+  }
   throw await lost(ctx, h, 'not_owner')
 }
 
@@ -242,8 +266,10 @@ async function fail(ctx: JobsContext, call: JobCall): Promise<Answer> {
   const body = await jsonBody(call.request, failBody, ctx.limit)
   const h = holder(call, body)
   const r = await ctx.jobs.fail(h, ctx.config.job_types, body.error, body.retryable)
-  if (r) return jsonAnswer(200, { job_id: h.jobId, state: r.state }, call.requestId)
-  throw await lost(ctx, h)
+  if (!r) throw await lost(ctx, h)
+  // A retryable failure requeues the job, yet this lease ended the same way: failed.
+  noteOutcome(call, 'failed')
+  return jsonAnswer(200, { job_id: h.jobId, state: r.state }, call.requestId)
 }
 
 async function release(ctx: JobsContext, call: JobCall): Promise<Answer> {
@@ -252,6 +278,7 @@ async function release(ctx: JobsContext, call: JobCall): Promise<Answer> {
   if (!r) throw await lost(ctx, h)
   ctx.log.info('job_released', { job_id: h.jobId, fence: h.fence, state: r.state })
   ctx.metrics.jobReleased({ type: r.type })
+  noteOutcome(call, 'released')
   return jsonAnswer(200, { job_id: h.jobId, state: r.state }, call.requestId)
 }
 

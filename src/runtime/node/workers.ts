@@ -20,13 +20,32 @@ export function cgroupCpus(cpuMax: string | undefined): number | undefined {
   return Number.isFinite(cpus) && cpus > 0 ? Math.ceil(cpus) : undefined
 }
 
-function readCpuMax(): string | undefined {
+/** Where cgroup v2 puts the CPU limit of the cgroup a container's processes see as their root. */
+export const cgroupCpuMaxPath = '/sys/fs/cgroup/cpu.max'
+
+/**
+ * The text of a cgroup v2 `cpu.max`, or undefined when it cannot be read (cgroup v1, no
+ * cgroup filesystem, another OS): then there is no limit to honour.
+ *
+ * @example readCpuMax() // 'max 100000\n' without a limit
+ */
+export function readCpuMax(path: string = cgroupCpuMaxPath): string | undefined {
   try {
-    return readFileSync('/sys/fs/cgroup/cpu.max', 'utf8')
+    return readFileSync(path, 'utf8')
   } catch {
     return undefined
   }
 }
+
+/** What `auto` reads of the host; a parameter so a test can stand in for the machine it runs on. */
+export interface CpuHost {
+  /** The `cpu.max` text, or undefined without one. */
+  cpuMax(): string | undefined
+  /** The CPUs this process may run on (its affinity). */
+  cpus(): number
+}
+
+const thisHost: CpuHost = { cpuMax: () => readCpuMax(), cpus: availableParallelism }
 
 /**
  * The number of workers: the setting, or for `auto` the CPUs this process may use (its
@@ -35,10 +54,10 @@ function readCpuMax(): string | undefined {
  *
  * @example workerCount('auto') // 2 on a 2-CPU container
  */
-export function workerCount(setting: number | 'auto', cpuMax: string | undefined = readCpuMax()): number {
+export function workerCount(setting: number | 'auto', host: CpuHost = thisHost): number {
   if (setting !== 'auto') return setting
-  const limit = cgroupCpus(cpuMax)
-  return Math.max(1, Math.min(availableParallelism(), limit ?? Infinity))
+  const limit = cgroupCpus(host.cpuMax())
+  return Math.max(1, Math.min(host.cpus(), limit ?? Infinity))
 }
 
 /**
