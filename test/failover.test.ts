@@ -346,6 +346,29 @@ describe.skipIf(!bin)('a store that fails over', () => {
     expect(await health(gw)).toMatchObject({ http: 200, durability: 'replicated' })
   })
 
+  it('store.require_replicated: with the synchronous standby partitioned (stopped, its connection open, still streaming to the primary) a command is answered 503 within seconds, not after wal_sender_timeout', async () => {
+    pair = await startPair(bin!, { sync: true })
+    const gw = await start(pair.url, [], { require_replicated: true })
+    expect((await post(`${gw.dataUrl}/payments/a/capture`, '1')).status).toBe(200)
+    const forwarded = upstream.received.length
+    pair.freeze(pair.standby, true)
+    const frozen = performance.now()
+    try {
+      const waiting = await post(`${gw.dataUrl}/payments/a/capture`, '2')
+      console.log(`a command waiting for the partitioned standby was answered ${waiting.status} ${waiting.json?.code} after ${Math.round(performance.now() - frozen)} ms`)
+      expect(waiting.status).toBe(503)
+      expect(waiting.json.code).toBe('store_not_replicated')
+      // The primary still counts the standby as streaming: what gave it away was the waiting commit.
+      const streaming = await pair.query<{ n: number }>(pair.primary, `SELECT count(*)::int AS n FROM pg_stat_replication WHERE state = 'streaming'`)
+      expect(streaming[0]!.n).toBe(1)
+      expect(upstream.received.length).toBe(forwarded)
+    } finally {
+      pair.freeze(pair.standby, false)
+    }
+    await until('served again', async () => (await post(`${gw.dataUrl}/payments/c/capture`, '1')).status === 200)
+    expect(await health(gw)).toMatchObject({ http: 200, durability: 'replicated' })
+  })
+
   it('another cluster behind the same address is refused until the gateway restarts', async () => {
     const first = await startCluster(bin!)
     clusters.push(first)

@@ -57,14 +57,22 @@ export interface StoreState {
   timeline: number
   boot: string
   insertLsn: string
-  /** synchronous_commit waits for a standby, one is named, and one streams as `sync` or `quorum`. */
+  /** synchronous_commit waits for a standby, one is named, one streams as `sync` or `quorum`, and no commit has waited for it over a second. */
   replicated: boolean
 }
+
+/**
+ * How long a commit may wait for its synchronous standby (`SyncRep`) before replication counts
+ * as lost. A standby cut off by the network still reads as `streaming` until the primary's
+ * `wal_sender_timeout` (60 s by default); the commits waiting on it are what shows at once.
+ */
+const syncRepStuckMs = 1000
 
 interface StateRow {
   synchronous_commit: string
   standby_names: string
   sync_streaming: number
+  sync_stuck: number
   recovery: boolean
   system_id: string
   wal_file: string | null
@@ -82,6 +90,7 @@ export async function readStoreState(db: Db): Promise<StoreState | undefined> {
     SELECT current_setting('synchronous_commit') AS synchronous_commit,
       current_setting('synchronous_standby_names') AS standby_names,
       (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))::int AS sync_streaming,
+      (SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query_start < now() - ${syncRepStuckMs} * interval '1 millisecond')::int AS sync_stuck,
       pg_is_in_recovery() AS recovery,
       (SELECT system_identifier::text FROM pg_control_system()) AS system_id,
       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_insert_lsn()) END AS wal_file,
@@ -93,7 +102,7 @@ export async function readStoreState(db: Db): Promise<StoreState | undefined> {
     timeline: parseInt(row.wal_file.slice(0, 8), 16),
     boot: row.boot,
     insertLsn: row.insert_lsn,
-    replicated: !['off', 'local'].includes(row.synchronous_commit) && row.standby_names.trim() !== '' && row.sync_streaming > 0,
+    replicated: !['off', 'local'].includes(row.synchronous_commit) && row.standby_names.trim() !== '' && row.sync_streaming > 0 && row.sync_stuck === 0,
   }
 }
 

@@ -21,6 +21,12 @@ export interface ReplicatedPair {
   streaming(node: Cluster, tries?: number): Promise<void>
   /** Stops the standby's WAL receiver (it stays up, read-only, and falls behind); resolves when the primary sees no standby. */
   cut(): Promise<void>
+  /**
+   * A partition, as the primary sees one: every process of `node` stopped (SIGSTOP) with its
+   * connections left open, so the primary's walsender still reads as streaming until
+   * `wal_sender_timeout` (60 s). `on` false resumes them (SIGCONT).
+   */
+  freeze(node: Cluster, on: boolean): void
   /** `pg_ctl promote -w` on the standby. */
   promote(): void
   /** Turns `old`, a stopped former primary, into a standby of `primary` with `pg_rewind`, and starts it. */
@@ -69,6 +75,15 @@ export async function startPair(bin: string, options: { sync: boolean }): Promis
         if (i >= 200) throw new Error('the standby kept streaming')
         await new Promise((resolve) => setTimeout(resolve, 50))
       }
+    },
+    freeze(node, on) {
+      const postmaster = readFileSync(join(node.dir, 'data', 'postmaster.pid'), 'utf8').split('\n')[0]!.trim()
+      const signal = on ? '-STOP' : '-CONT'
+      // The children first when stopping (none may act on a stopped parent), the parent first when resuming.
+      const children = () => spawnSync('pkill', [signal, '-P', postmaster])
+      if (on) children()
+      spawnSync('kill', [signal, postmaster])
+      if (!on) children()
     },
     promote: () => run(join(bin, 'pg_ctl'), ['-D', join(standby.dir, 'data'), '-w', '-t', '30', 'promote']),
     async rejoin(old, to) {
