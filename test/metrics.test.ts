@@ -239,6 +239,9 @@ describe.each(backends())('startGateway serves /metrics over HTTP on $name', (ba
       expect(sample(text, 'fencegate_rules_version')).toBeGreaterThanOrEqual(0)
       expect(sample(text, 'fencegate_store_duration_seconds_count', { call: 'reserve', result: 'ok' })).toBe(1)
       expect(text).toContain('process_resident_memory_bytes')
+      // Neither store here has a synchronous standby: the embedded one never does, and the test server has none.
+      expect([sample(text, 'fencegate_store_durability', { level: 'local' }), sample(text, 'fencegate_store_durability', { level: 'replicated' })]).toEqual([1, 0])
+      expect(await (await fetch(`${gw.adminUrl}/health`)).json()).toMatchObject({ durability: 'local' })
     } finally {
       await gw.close()
       await upstream.close()
