@@ -126,7 +126,12 @@ function parseJson(bytes: Uint8Array): unknown {
  */
 function unlessJson(bytes: Uint8Array): Uint8Array {
   let i = 0
-  while (i < bytes.length && (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d)) i++
+  for (;;) {
+    if (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d) i++
+    // A UTF-8 byte-order mark (EF BB BF): decoders and many JSON readers skip it, so `\uFEFF{...}` is JSON to them.
+    else if (bytes[i] === 0xef && bytes[i + 1] === 0xbb && bytes[i + 2] === 0xbf) i += 3
+    else break
+  }
   if (bytes[i] === 0x7b || bytes[i] === 0x5b) throw new FencegateError('invalid_request', 'the body is declared as a form but is JSON; send it as Content-Type: application/json')
   return bytes
 }
