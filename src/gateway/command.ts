@@ -58,6 +58,16 @@ export function commandPolicy(route: Route, tenant: string, sources: EntitySourc
 }
 
 /**
+ * A header the route reads (entity, claimed tenant, the Content-Type of a body it reads) that
+ * arrived more than once is refused: the gateway would read the joined "A-1, A-1", an upstream
+ * may read the first. A key header's grammar refuses two joined keys itself.
+ */
+export function refuseRepeatedHeaders(route: Route, headers: HeaderView): void {
+  const twice = headers.repeated && route.singleHeaders.find((name) => headers.repeated!(name))
+  if (twice) throw new FencegateError('invalid_request', `the request sends header ${twice} more than once; which one counts is ambiguous`)
+}
+
+/**
  * A tenant the request itself names (`claimed_tenant`) is evidence, never
  * authority: it must agree with the token's tenant or the request is refused.
  */
