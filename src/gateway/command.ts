@@ -92,17 +92,23 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
 /**
  * What an entity template and a claimed tenant may read from a request; the
  * body is parsed at most once, when read: as a form when its Content-Type says
- * so (src/form-body.ts), else as JSON.
+ * so (src/form-body.ts), else as JSON (text/plain, no Content-Type or any other
+ * type: upstreams that read JSON regardless of it read it so). A multipart body
+ * is refused when read: the gateway cannot read its fields, so a claimed tenant
+ * in one would pass unseen while an upstream reading multipart acts on it.
  */
 export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
   let body: unknown
   let parsed = false
-  const form = isFormBody(request.headers.get('content-type'))
+  const type = request.headers.get('content-type')
+  const form = isFormBody(type)
+  const multipart = type?.trimStart().toLowerCase().startsWith('multipart/') === true
   return {
     params,
     query: url.searchParams,
     headers: request.headers,
     body: () => {
+      if (multipart) throw new FencegateError('invalid_request', 'the route reads the body, and a multipart body is not read; send it as JSON or as a form')
       if (!parsed) {
         parsed = true
         body = form ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
