@@ -17,6 +17,9 @@ describe('one reading of a request', () => {
       route(upstream.url, { name: 'lookup', path: '/lookup', entity: 'invoice:{query.id}' }),
       route(upstream.url, { name: 'notes', path: '/notes', entity: 'invoice:{body.invoice}', fence: 'optional' }),
       route(upstream.url, { name: 'accounts', path: '/accounts', entity: 'acct:{header.X-Account}', idempotency: 'required' }),
+      route(upstream.url, { name: 'orders', path: '/orders', entity: undefined, fence: 'off', idempotency: 'required', idempotency_key: '{header.PayPal-Request-Id}', upstream_dedupes_keys: true }),
+      route(upstream.url, { name: 'transfers', path: '/transfers/:id', entity: 'transfer:{params.id}', claimed_tenant: 'body.tenant_id' }),
+      route(upstream.url, { name: 'members', path: '/members', entity: undefined, fence: 'off', claimed_tenant: 'header.X-Tenant' }),
     ], { auth: jwtAuth, entity_rules: [{ name: 'hold', entity_match: 'invoice:42', frozen: true }] }),
     authenticate: await hmacAuthenticator(),
   }))
@@ -52,6 +55,56 @@ describe('one reading of a request', () => {
     const res = await rawPost(`${fx.gw.url}/tickets`, { ...await asTenantA(), 'x-execution-fence': '2', 'content-type': 'application/x-www-form-urlencoded', connection: 'content-type' }, 'tenant_id=A&ticket_id=T3')
     expect(res.status).toBe(200)
     expect(fx.upstream.received[before]!.headers['content-type']).toBe('application/x-www-form-urlencoded')
+  })
+
+  it('Connection cannot strip the idempotency key the upstream dedupes on: a retried unknown outcome ran twice there', async () => {
+    for (const [path, name, extra] of [['/accounts', 'idempotency-key', { 'x-account': 'A-9' }], ['/orders', 'paypal-request-id', {}]] as const) {
+      const before = fx.upstream.received.length
+      const res = await rawPost(`${fx.gw.url}${path}`, { ...await asTenantA(), 'x-execution-fence': '1', 'content-type': 'application/json', [name]: `strip-${name}`, connection: name, ...extra })
+      expect(res.status, path).toBe(200)
+      expect(fx.upstream.received[before]!.headers[name], path).toBe(`strip-${name}`)
+    }
+  })
+
+  it('a UTF-8 byte-order mark does not hide a JSON body declared as a form', async () => {
+    const body = '\uFEFF{"tenant_id":"B","ticket_id":"T1","x":"&tenant_id=A&ticket_id=T2&y="}'
+    const before = fx.upstream.received.length
+    const res = await rawPost(`${fx.gw.url}/tickets`, { ...await asTenantA(), 'x-execution-fence': '1', 'content-type': 'application/x-www-form-urlencoded' }, body)
+    expect([res.status, res.body.code]).toEqual([400, 'invalid_request'])
+    expect(res.body.detail).toContain('declared as a form but is JSON')
+    expect(fx.upstream.received.length).toBe(before)
+  })
+
+  it('a header the route reads, sent twice, is refused: joined as "A-1, A-1" it fenced another entity than the upstream reads', async () => {
+    const before = fx.upstream.received.length
+    const twice: [string, Record<string, string | string[]>][] = [
+      ['/accounts', { 'x-execution-fence': '3', 'idempotency-key': 'twice-1', 'x-account': ['A-1', 'A-1'] }],
+      ['/members', { 'x-tenant': ['A', 'B'] }],
+      ['/transfers/1', { 'x-execution-fence': '3', 'content-type': ['application/x-www-form-urlencoded', 'application/json'] }],
+    ]
+    for (const [path, headers] of twice) {
+      const res = await rawPost(`${fx.gw.url}${path}`, { 'content-type': 'application/json', ...await asTenantA(), ...headers }, 'tenant_id=B&ticket_id=T9')
+      expect([res.status, res.body.code], path).toEqual([400, 'invalid_request'])
+      expect(res.body.detail, path).toContain('more than once')
+    }
+    expect(fx.upstream.received.length).toBe(before)
+    // Once each, they are served.
+    expect((await rawPost(`${fx.gw.url}/members`, { ...await asTenantA(), 'content-type': 'application/json', 'x-tenant': 'A' })).status).toBe(200)
+  })
+
+  it('a body not declared as a form is read as JSON, whatever else it says it is; a multipart body is refused where the route reads the body', async () => {
+    const body = '{"tenant_id":"B","ticket_id":"T1"}'
+    const before = fx.upstream.received.length
+    for (const type of ['text/plain', undefined]) {
+      const res = await rawPost(`${fx.gw.url}/tickets`, { ...await asTenantA(), 'x-execution-fence': '1', ...(type ? { 'content-type': type } : {}) }, body)
+      expect([res.status, res.body.code], type).toEqual([403, 'tenant_mismatch'])
+    }
+    const multipart = '--b\r\nContent-Disposition: form-data; name="tenant_id"\r\n\r\nB\r\n--b\r\nContent-Disposition: form-data; name="ticket_id"\r\n\r\nT1\r\n--b--\r\n'
+    // The gateway found no tenant in it, so the claim passed, while an upstream reading multipart acts for tenant B.
+    const res = await rawPost(`${fx.gw.url}/transfers/5`, { ...await asTenantA(), 'x-execution-fence': '1', 'content-type': 'multipart/form-data; boundary=b' }, multipart)
+    expect([res.status, res.body.code]).toEqual([400, 'invalid_request'])
+    expect(res.body.detail).toContain('multipart')
+    expect(fx.upstream.received.length).toBe(before)
   })
 
   it('on a fence: optional route, a command that names no entity is refused while an entity it could reach is frozen', async () => {

@@ -204,6 +204,25 @@ describe.skipIf(!postgres)('the Worker entry on PostgreSQL', () => {
     expect(await openConnections()).toBe(0)
   })
 
+  // Each was forwarded by the Worker before (the raw-target guard was Node's only): Tomcat and
+  // Spring read them as /capture or as invoice 42, the gateway fenced another entity.
+  it.each([
+    ['/payments/..;/capture', 'path parameters'],
+    ['/payments/%2e%2e;/capture', 'path parameters'],
+    ['/payments/..%3B/capture', 'path parameters'],
+    ['/payments/42;x/capture', 'path parameters'],
+    ['/payments/%252e%252e/capture', 'double-encoded'],
+    ['/payments/42%00/capture', 'NUL'],
+    ['/payments/1%2f..%2fadmin/capture', 'encoded slashes'],
+    ['/_admin/rules;x', 'path parameters'],
+  ])('refuses %s before routing, as the Node gateway does', async (target, reason) => {
+    w = await createWorker(env({ FENCEGATE_ADMIN: 'on' }))
+    const res = await send(w, ctx, target, { fence: '1' })
+    expect([res.status, res.json.code]).toEqual([400, 'invalid_request'])
+    expect(res.json.detail).toContain(reason)
+    expect(upstream.received).toHaveLength(0)
+  })
+
   it('refuses to start without a database, with an unauthenticated admin plane, or without a public key', async () => {
     await expect(createWorker({ ...env(), DATABASE_URL: undefined, FENCEGATE_CONFIG: configText(upstream.url).replace(/store:\n.*\n/, '') }))
       .rejects.toThrow(/DATABASE_URL/)

@@ -58,6 +58,16 @@ export function commandPolicy(route: Route, tenant: string, sources: EntitySourc
 }
 
 /**
+ * A header the route reads (entity, claimed tenant, the Content-Type of a body it reads) that
+ * arrived more than once is refused: the gateway would read the joined "A-1, A-1", an upstream
+ * may read the first. A key header's grammar refuses two joined keys itself.
+ */
+export function refuseRepeatedHeaders(route: Route, headers: HeaderView): void {
+  const twice = headers.repeated && route.singleHeaders.find((name) => headers.repeated!(name))
+  if (twice) throw new FencegateError('invalid_request', `the request sends header ${twice} more than once; which one counts is ambiguous`)
+}
+
+/**
  * A tenant the request itself names (`claimed_tenant`) is evidence, never
  * authority: it must agree with the token's tenant or the request is refused.
  */
@@ -82,17 +92,23 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
 /**
  * What an entity template and a claimed tenant may read from a request; the
  * body is parsed at most once, when read: as a form when its Content-Type says
- * so (src/form-body.ts), else as JSON.
+ * so (src/form-body.ts), else as JSON (text/plain, no Content-Type or any other
+ * type: upstreams that read JSON regardless of it read it so). A multipart body
+ * is refused when read: the gateway cannot read its fields, so a claimed tenant
+ * in one would pass unseen while an upstream reading multipart acts on it.
  */
 export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
   let body: unknown
   let parsed = false
-  const form = isFormBody(request.headers.get('content-type'))
+  const type = request.headers.get('content-type')
+  const form = isFormBody(type)
+  const multipart = type?.trimStart().toLowerCase().startsWith('multipart/') === true
   return {
     params,
     query: url.searchParams,
     headers: request.headers,
     body: () => {
+      if (multipart) throw new FencegateError('invalid_request', 'the route reads the body, and a multipart body is not read; send it as JSON or as a form')
       if (!parsed) {
         parsed = true
         body = form ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
@@ -126,7 +142,12 @@ function parseJson(bytes: Uint8Array): unknown {
  */
 function unlessJson(bytes: Uint8Array): Uint8Array {
   let i = 0
-  while (i < bytes.length && (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d)) i++
+  for (;;) {
+    if (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d) i++
+    // A UTF-8 byte-order mark (EF BB BF): decoders and many JSON readers skip it, so `\uFEFF{...}` is JSON to them.
+    else if (bytes[i] === 0xef && bytes[i + 1] === 0xbb && bytes[i + 2] === 0xbf) i += 3
+    else break
+  }
   if (bytes[i] === 0x7b || bytes[i] === 0x5b) throw new FencegateError('invalid_request', 'the body is declared as a form but is JSON; send it as Content-Type: application/json')
   return bytes
 }

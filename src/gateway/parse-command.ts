@@ -2,7 +2,7 @@ import type { Inbound } from '../http/inbound.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import type { IdempotencyClaim } from '../store/store.js'
-import { checkClaimedTenant, commandPolicy, entityOf, entitySources, type CommandPolicy } from './command.js'
+import { checkClaimedTenant, commandPolicy, entityOf, entitySources, refuseRepeatedHeaders, type CommandPolicy } from './command.js'
 import type { PipelineContext } from './context.js'
 import { fenceHeader, parseFence } from './fence.js'
 import { keyFingerprint, payloadFingerprint } from './idempotency.js'
@@ -32,6 +32,7 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   const { request, url, params, bytes } = input
   const route = trace.route!
   const rc = route.config
+  refuseRepeatedHeaders(route, request.headers)
   const sources = entitySources(request, url, params, bytes)
   trace.auditEntity = () => entityOf(route, sources)
   let policy: CommandPolicy

@@ -14,8 +14,10 @@ export interface Route {
   key: EntityTemplate
   /** The header the key is, when it is exactly one header (its value is then read with the key header's grammar). */
   keyHeader: string | undefined
-  /** Headers the fence decision reads (entity sources, claimed tenant): always forwarded as read. */
+  /** Headers the gateway reads (entity sources, claimed tenant, key, a read body's Content-Type): always forwarded as read. */
   decisionHeaders: string[]
+  /** Those of them that must arrive once (a key header's grammar already refuses two joined). */
+  singleHeaders: string[]
 }
 
 export function compileRoute(config: RouteConfig): Route {
@@ -26,13 +28,22 @@ export function compileRoute(config: RouteConfig): Route {
     const missing = template?.params.find((p) => !pattern.params.includes(p))
     if (missing) throw new Error(`route ${config.name}: ${field} uses params.${missing}, which ${config.path} does not define`)
   }
-  const decisionHeaders = (entity?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
-  if (config.claimed_tenant?.startsWith('header.')) decisionHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
+  const singleHeaders = headersOf(entity)
+  if (config.claimed_tenant?.startsWith('header.')) singleHeaders.push(config.claimed_tenant.slice('header.'.length).toLowerCase())
   // A body read as a form or as JSON by its Content-Type goes on with that Content-Type:
   // `Connection: content-type` must not make the upstream read it as something else.
   const readsBody = entity?.usesBody === true || (config.idempotency !== 'off' && key.usesBody) || config.claimed_tenant?.startsWith('body.') === true
-  if (readsBody) decisionHeaders.push('content-type')
-  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders }
+  if (readsBody) singleHeaders.push('content-type')
+  // The key too: an upstream that dedupes on it (`upstream_dedupes_keys`) would run a retried
+  // unknown outcome again if `Connection: idempotency-key` stripped it on the way.
+  const keyHeaders = config.idempotency === 'off' ? [] : headersOf(key)
+  const decisionHeaders = [...new Set([...singleHeaders, ...keyHeaders])]
+  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders, singleHeaders: [...new Set(singleHeaders)] }
+}
+
+/** The headers a template reads, lower-cased. */
+function headersOf(template: EntityTemplate | undefined): string[] {
+  return (template?.parts ?? []).flatMap((p) => ('source' in p && p.source === 'header' ? [p.name] : []))
 }
 
 export interface RouteMatch { route: Route; params: Record<string, string> }

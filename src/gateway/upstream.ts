@@ -33,7 +33,7 @@ function outgoingHeaders(o: Outgoing, trace: Trace): HeaderList {
   if (!route.config.forward_authorization) headers.delete('authorization')
   for (const [name, value] of Object.entries(route.config.upstream_headers)) headers.set(name, value)
   // Re-set after filtering: a client naming them in `Connection` must not hide from the upstream
-  // the fence, or a header the entity or the claimed tenant was read from.
+  // the fence, or a header the entity, the claimed tenant or the key was read from.
   for (const name of [fenceHeader, ...route.decisionHeaders]) {
     const value = request.headers.get(name)
     if (value !== null) headers.set(name, value)

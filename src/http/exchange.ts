@@ -8,6 +8,11 @@
 export interface HeaderView {
   get(name: string): string | null
   forEach(each: (value: string, name: string) => void): void
+  /**
+   * True when the field arrived more than once. Only a runtime that sees the header lines can
+   * tell (Node's); Web `Headers` has already joined them, so there it is absent.
+   */
+  repeated?(name: string): boolean
 }
 
 /**

@@ -16,14 +16,19 @@ import type { Inbound, PassedBody } from '../../http/inbound.js'
  */
 export function headerViewOf(rawHeaders: string[]): HeaderView {
   const fields = new Map<string, string>()
+  // Kept apart because "A-1, A-1" joined reads as one value to the gateway and as "A-1" to an
+  // upstream that takes the first line: a header a route reads must arrive once.
+  let repeated: Set<string> | undefined
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i]!.toLowerCase()
     const prior = fields.get(name)
+    if (prior !== undefined) (repeated ??= new Set()).add(name)
     fields.set(name, prior === undefined ? rawHeaders[i + 1]! : `${prior}, ${rawHeaders[i + 1]!}`)
   }
   return {
     get: (name) => fields.get(name.toLowerCase()) ?? null,
     forEach: (each) => fields.forEach(each),
+    repeated: (name) => repeated?.has(name.toLowerCase()) ?? false,
   }
 }
 

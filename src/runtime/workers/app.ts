@@ -7,6 +7,7 @@ import { createAuthenticator, type Authenticate } from '../../http/identity.js'
 import { createJobStore } from '../../leases/store.js'
 import { createLogger, type Logger } from '../../observe/log.js'
 import { FencegateError, problemResponse } from '../../http/problems.js'
+import { unsafeTarget } from '../../http/target.js'
 import { StoreError } from '../../store/db.js'
 import { createStore } from '../../store/store.js'
 import { configFromText, databaseUrlOf, stringBindings, workerAttestationSigner, workerKeys, type WorkerContext, type WorkerEnv } from './bindings.js'
@@ -70,6 +71,8 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
 
   return {
     async fetch(request, ctx) {
+      const unsafe = refusedTarget(request)
+      if (unsafe) return unsafe
       const scope = openRequestScope(databaseUrl, forward)
       let response: Response
       try {
@@ -98,6 +101,18 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
       await Promise.all(closing)
     },
   }
+}
+
+/**
+ * The raw-target guard Node applies (src/http/target.ts), on both planes and before a store is
+ * opened. The URL parser has already resolved dot segments (`/a/../b` arrives as `/b`, which
+ * is the path matched and forwarded), but it keeps `;` parameters and encodings that Tomcat
+ * or Spring would resolve into another path than the one the gateway fences.
+ */
+function refusedTarget(request: Request): Response | undefined {
+  const url = new URL(request.url)
+  const unsafe = unsafeTarget(url.pathname + url.search)
+  return unsafe && problemResponse(unsafe, requestIdOf(request), { accept: request.headers.get('accept') })
 }
 
 // The apps are built per request because each binds one store; building one is a few route regexes.
