@@ -115,6 +115,10 @@ describe.each(backends())('the job API under auth on $name', (backend) => {
     expect(new Set(rows.map((r) => r.caller))).toEqual(new Set(['host-a']))
     // Control: the same calls with the scope go through (the refusals above were the scope's, not the request's).
     expect((await call(`/${running}/heartbeat`, { sub: 'host-a', scope: 'jobs:work' }, { worker_id: 'host-a', fence: '1' })).status).toBe(200)
+    // fencegate:audit is an admin-plane scope only: it reads no job. fencegate:admin holds every scope, but not another worker's lease.
+    expect((await call(`/${running}`, { sub: 'auditor', scope: 'fencegate:audit' }, undefined, 'GET')).json.code).toBe('insufficient_scope')
+    expect((await call(`/${running}/heartbeat`, { sub: 'ops', scope: 'fencegate:admin' }, { worker_id: 'host-a', fence: '1' })).json.code).toBe('worker_mismatch')
+    expect((await call(`/${running}`, { sub: 'ops', scope: 'fencegate:admin' }, undefined, 'GET')).json).toMatchObject({ state: 'running', owner: 'host-a', fence: '1' })
   })
 
   it('a claim answers the worker_id it recorded: a worker that claimed as its sub heartbeats with it; a batch may name one slot per job', async () => {
