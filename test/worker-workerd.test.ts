@@ -328,7 +328,7 @@ describe.skipIf(!postgres)('the Worker in workerd on PostgreSQL', () => {
     const id = started.json.job_id as string
     expect((await post('/claim', { worker_id: 'worker-2' })).json).toMatchObject({ status: 403, code: 'worker_mismatch' })
     const claimed = await post('/claim', { worker_id: 'worker-1' })
-    expect(claimed.json).toMatchObject({ job_id: id, fence: '1', attempt: 1, payload: { month: 11 } })
+    expect(claimed.json).toMatchObject({ job_id: id, fence: '1', attempt: 1, payload: { month: 11 }, worker_id: 'worker-1' })
     // Nothing else to claim: a waiting claim polls (no LISTEN on Workers) until its wait ends.
     expect((await post('/claim', { worker_id: 'worker-1/b', wait: 1 })).status).toBe(204)
     expect((await post(`/${id}/heartbeat`, { worker_id: 'worker-1', fence: '1' })).json).toMatchObject({ cancel_requested: false })

@@ -1,5 +1,6 @@
 import { FencegateClientError } from './errors.js'
 import { JobApi, monotonic, type FetchLike } from './http.js'
+import { slotId, subjectOf, workerIdFor } from './identity.js'
 import { Lease } from './lease.js'
 import type { Job } from './types.js'
 import { Slots } from './slots.js'
@@ -12,8 +13,17 @@ import { workLoop, type Claim, type Handler, type WorkOptions, type WorkResult }
 export interface FencegateClientOptions {
   /** The gateway's data plane, e.g. `http://127.0.0.1:8080`. */
   baseUrl: string
-  /** A bearer token, sent to the gateway's own origin only. */
+  /**
+   * A bearer token, sent to the gateway's own origin only. When it is a JWT with a `sub`, that
+   * `sub` is the worker's id (the gateway takes the worker from it under `auth.mode: jwt`).
+   */
   token?: string
+  /**
+   * The worker's id, when the token's `sub` should not be it as is. With such a token it must be
+   * the `sub` or start with `sub + "/"`, else the constructor throws `worker_mismatch`.
+   * Default: the token's `sub`; without one, `worker-<uuid>`.
+   */
+  workerId?: string
   /** Defaults to the global fetch. */
   fetch?: FetchLike
   /** Deadline for job API calls other than heartbeats (those get a third of the lease). Default 10 s. */
@@ -29,12 +39,15 @@ export interface ClaimOptions {
   types?: string[]
   /** Seconds the server may wait for a job (0–30). Default 0. */
   wait?: number
+  /** Default: the client's {@link FencegateClient.workerId}. Checked against the token's `sub` as there. */
   workerId?: string
 }
 
 /** One job of a claim's answer. */
 interface ClaimAnswer {
   job_id: string
+  /** The owner the server recorded, which every call under the lease must name. */
+  worker_id?: unknown
   type: string
   payload: unknown
   fence: string
@@ -63,10 +76,21 @@ export class FencegateClient {
   private readonly api: JobApi
   private readonly requestTimeoutMs: number
   private readonly loops = new Set<Slots>()
+  private readonly subject: string | undefined
+  /**
+   * The id this client claims as: the `workerId` option, else the token's `sub`, else a
+   * random `worker-<uuid>` chosen once. The slots of `work()` are `<workerId>/slot-<n>`.
+   *
+   * @example
+   * new FencegateClient({ baseUrl, token }).workerId // the token's sub, e.g. 'host-1'
+   */
+  readonly workerId: string
 
   constructor(options: FencegateClientOptions) {
     if (!/^https?:\/\//.test(options.baseUrl)) throw new FencegateClientError('invalid_option', 'baseUrl must be an http(s) URL')
     this.requestTimeoutMs = options.requestTimeoutMs ?? 10_000
+    this.subject = subjectOf(options.token)
+    this.workerId = workerIdFor(options.workerId, this.subject, randomWorkerId)
     this.api = new JobApi(options.baseUrl, options.token, options.fetch ?? ((input, init) => globalThis.fetch(input, init)))
   }
 
@@ -87,12 +111,8 @@ export class FencegateClient {
    * none is claimable. The caller must end the lease: `complete`, `fail` or `release`.
    */
   async claim(options: ClaimOptions = {}): Promise<{ job: Job; lease: Lease } | undefined> {
-    const workerId = options.workerId ?? randomWorkerId()
-    const wait = options.wait ?? 0
-    const sentAt = monotonic()
-    const answer = await this.api.ok('POST', '/claim', { worker_id: workerId, wait, ...(options.types ? { types: options.types } : {}) }, wait * 1000 + this.requestTimeoutMs)
-    if (answer.status === 204 || !answer.body) return undefined
-    return this.leased(answer.body as unknown as ClaimAnswer, workerId, sentAt)
+    const [one] = await this.claimAs([this.idFor(options.workerId)], options)
+    return one
   }
 
   /**
@@ -104,14 +124,28 @@ export class FencegateClient {
    */
   async claimBatch(options: ClaimOptions & { max: number }): Promise<{ job: Job; lease: Lease }[]> {
     if (!Number.isInteger(options.max) || options.max < 1 || options.max > 100) throw new FencegateClientError('invalid_option', 'max must be an integer from 1 to 100')
-    const workerId = options.workerId ?? randomWorkerId()
+    return this.claimAs([this.idFor(options.workerId)], options, options.max)
+  }
+
+  /** A per-call workerId, held to the same rule as the client's own. */
+  private idFor(workerId: string | undefined): string {
+    return workerId === undefined ? this.workerId : workerIdFor(workerId, this.subject, () => this.workerId)
+  }
+
+  /**
+   * One claim request. Without `max`, one job as `ids[0]`. With it, a batch: one id for all
+   * jobs, or one per job (`worker_ids`: the slots of `work()`, each holding its own leases).
+   */
+  private async claimAs(ids: string[], options: ClaimOptions, max?: number): Promise<{ job: Job; lease: Lease }[]> {
     const wait = options.wait ?? 0
+    const who = ids.length > 1 ? { worker_ids: ids } : { worker_id: ids[0] }
+    const body = { ...who, wait, ...(max === undefined ? {} : { max }), ...(options.types ? { types: options.types } : {}) }
     const sentAt = monotonic()
-    const body = { worker_id: workerId, wait, max: options.max, ...(options.types ? { types: options.types } : {}) }
     const answer = await this.api.ok('POST', '/claim', body, wait * 1000 + this.requestTimeoutMs)
     if (answer.status === 204 || !answer.body) return []
-    const jobs = Array.isArray(answer.body.jobs) ? (answer.body.jobs as ClaimAnswer[]) : []
-    return jobs.map((c) => this.leased(c, workerId, sentAt))
+    const jobs = max === undefined ? [answer.body as unknown as ClaimAnswer] : Array.isArray(answer.body.jobs) ? (answer.body.jobs as ClaimAnswer[]) : []
+    // The lease names the owner the server recorded; the id sent is the fallback for an answer without one.
+    return jobs.map((c, i) => this.leased(c, typeof c.worker_id === 'string' ? c.worker_id : ids[Math.min(i, ids.length - 1)]!, sentAt))
   }
 
   private leased(c: ClaimAnswer, workerId: string, sentAt: number): { job: Job; lease: Lease } {
@@ -140,11 +174,15 @@ export class FencegateClient {
   async work(options: WorkOptions, handler: Handler): Promise<WorkResult> {
     const concurrency = options.concurrency ?? 1
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new FencegateClientError('invalid_option', 'concurrency must be a positive integer')
-    const base: ClaimOptions = { workerId: options.workerId ?? randomWorkerId(), wait: options.claimWait ?? 5, ...(options.types ? { types: options.types } : {}) }
-    // One slot claims one job at a time, as it always has; more claim in batches for the free slots.
-    const claim: Claim = concurrency === 1
-      ? async () => { const one = await this.claim(base); return one ? [one] : [] }
-      : (max) => this.claimBatch({ ...base, max })
+    const id = this.idFor(options.workerId)
+    const base: ClaimOptions = { wait: options.claimWait ?? 5, ...(options.types ? { types: options.types } : {}) }
+    // One slot claims one job at a time, as it always has; more claim in batches for the free slots,
+    // each job under its own slot's id, so the server records which slot holds which lease.
+    const claim: Claim = async (free) => {
+      const ids = free.map((n) => slotId(id, n))
+      const claimed = await this.claimAs(ids, base, concurrency === 1 ? undefined : ids.length)
+      return claimed.map((c, i) => ({ ...c, slot: free[ids.indexOf(c.lease.workerId)] ?? free[i]! }))
+    }
     const slots = new Slots(concurrency, options.onEvent ?? (() => undefined))
     this.loops.add(slots)
     try {

@@ -17,6 +17,10 @@ export interface WorkOptions {
    * still running are released, and `work()` resolves without waiting further, naming the handlers that never settled.
    */
   signal: AbortSignal
+  /**
+   * Default: the client's `workerId` (the token's `sub`). Each slot claims as `<workerId>/slot-<n>`,
+   * n from 1 to `concurrency`; under auth `workerId` must be the token's `sub` or start with `sub + "/"`.
+   */
   workerId?: string
   /** Default 10 s. */
   shutdownGraceMs?: number
@@ -47,14 +51,15 @@ export type WorkEvent =
  */
 export type Handler<P = unknown> = (job: Job<P>, lease: Lease) => unknown
 
-/** A claimed job with its running lease. */
+/** A claimed job with its running lease, and the slot (1 to concurrency) whose id it was claimed under. */
 export interface Claimed {
   job: Job
   lease: Lease
+  slot: number
 }
 
-/** Claims up to `max` jobs for the work loop (an empty list when none is claimable). */
-export type Claim = (max: number) => Promise<Claimed[]>
+/** Claims a job for each of the `free` slots at most (an empty list when none is claimable). */
+export type Claim = (free: number[]) => Promise<Claimed[]>
 
 type Emit = (e: WorkEvent) => void
 
@@ -82,28 +87,43 @@ export async function workLoop(claim: Claim, slots: Slots, options: WorkOptions,
   const emit: Emit = options.onEvent ?? (() => undefined)
   const running = new Set<Promise<void>>()
   const unsettled: string[] = []
+  // The numbers of the slots that run nothing. A slot is taken from its claim until its handler settles.
+  const idle = Array.from({ length: slots.size }, (_, i) => i + 1)
+  // Kept in order, so the lowest free slots claim first and a worker's owners stay slot-1, slot-2, ….
+  const giveBack = (...free: number[]) => {
+    idle.push(...free)
+    idle.sort((a, b) => a - b)
+  }
   // The claim itself is not aborted on shutdown: an aborted claim may still take a job on the server, which
   // would then sit unowned until its lease expires. Its answer is awaited and released instead.
   for (let failures = 0; !options.signal.aborted;) {
-    const free = slots.size - running.size
-    if (free === 0) {
+    if (idle.length === 0) {
       await Promise.race(running)
       continue
     }
+    const asked = idle.splice(0, 100)
     let claimed: Claimed[]
     try {
-      claimed = await claim(Math.min(free, 100))
+      claimed = await claim(asked)
       failures = 0
     } catch (err) {
+      giveBack(...asked)
       emit({ type: 'error', code: err instanceof FencegateClientError ? err.code : 'error' })
       await pause(Math.min(100 * 2 ** failures++, 5000), options.signal)
       continue
     }
-    for (const { job, lease } of claimed) {
-      if (await admit(job, lease, options, emit) !== 'run') continue
+    giveBack(...asked.filter((n) => !claimed.some((c) => c.slot === n)))
+    for (const { job, lease, slot } of claimed) {
+      if (await admit(job, lease, options, emit) !== 'run') {
+        giveBack(slot)
+        continue
+      }
       const done: Promise<void> = run(job, lease, handler, { options, emit, slots })
         .then((settled) => void (settled || unsettled.push(job.id)))
-        .finally(() => running.delete(done))
+        .finally(() => {
+          running.delete(done)
+          giveBack(slot)
+        })
       running.add(done)
     }
   }

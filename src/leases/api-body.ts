@@ -16,7 +16,11 @@ export const claimBody = z.object({
   // Under auth the token's sub is the worker: a claim may leave it out (src/leases/api-identity.ts).
   worker_id: id.optional(), types: z.array(z.string()).min(1).max(maxClaimTypes).optional(), wait: z.number().min(0).max(30).optional(),
   max: z.number().int().min(1).max(maxClaimBatch).optional(),
+  // A batch for several slots of one process: one owner per job, so each slot holds its own leases.
+  worker_ids: z.array(id).min(1).max(maxClaimBatch).optional(),
 }).strict()
+  .refine((b) => b.worker_ids === undefined || b.worker_id === undefined, { message: 'name the worker with worker_id or worker_ids, not both', path: ['worker_ids'] })
+  .refine((b) => b.worker_ids === undefined || b.worker_ids.length === b.max, { message: 'worker_ids needs max, and one id per job of it', path: ['worker_ids'] })
 export const holderBody = z.object({ worker_id: id, fence: z.string().regex(/^(0|[1-9][0-9]{0,18})$/) }).strict()
 export const appendBody = holderBody.extend({ seq: z.number().int().min(0).max(1_000_000), chunk: z.unknown() }).strict()
 export const completeBody = holderBody.extend({ result: z.unknown().optional() }).strict()

@@ -1,9 +1,8 @@
-import type { JobType } from '../config/schema.js'
 import type { Answer } from '../http/exchange.js'
 import { claimBody, jsonBody } from './api-body.js'
 import { jsonAnswer, noContent, type JobCall, type JobSpanNotes, type JobsContext } from './api-context.js'
 import { workerOf } from './api-identity.js'
-import type { Claimed } from './store.js'
+import type { Claimed, ClaimRequest } from './store.js'
 
 /**
  * `POST /_fencegate/jobs/claim`: the earliest claimable job (or, with `max`, up to that
@@ -11,12 +10,15 @@ import type { Claimed } from './store.js'
  * for a start's notification (src/leases/wake.ts) until its deadline.
  *
  * @example
- * // POST /_fencegate/jobs/claim {"worker_id":"w1","wait":10} → 200 {"job_id":"7","fence":"3",…} or 204
+ * // POST /_fencegate/jobs/claim {"worker_id":"w1","wait":10} → 200 {"job_id":"7","fence":"3","worker_id":"w1",…} or 204
+ * // POST /_fencegate/jobs/claim {"worker_ids":["h/slot-1","h/slot-2"],"max":2} → 200 {"jobs":[{…,"worker_id":"h/slot-1"},…]}
  */
 export async function claimHandler(ctx: JobsContext, { request, requestId, identity, notes }: JobCall): Promise<Answer> {
   const body = await jsonBody(request, claimBody, ctx.limit)
   const wanted = ctx.typesFor(body.types)
-  const claim = { tenant: identity.tenant, workerId: workerOf(identity, body.worker_id), types: wanted, max: body.max }
+  // Every id is checked against the token before anything is claimed: one foreign slot refuses the whole claim.
+  const workerIds = body.worker_ids?.map((given) => workerOf(identity, given))
+  const claim = { tenant: identity.tenant, workerId: workerIds?.[0] ?? workerOf(identity, body.worker_id), workerIds, types: wanted, max: body.max }
   // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
   const answer = (claimed: Claimed[]) => {
     if (notes) noteClaim(notes, claimed, body.max !== undefined)
@@ -59,9 +61,9 @@ function noteClaim(notes: JobSpanNotes, claimed: Claimed[], batch: boolean): voi
 }
 
 /** Claims once; jobs out of attempts are finished by the claim itself, so it goes on until one runs or none is left. */
-async function claimRound(ctx: JobsContext, c: { tenant: string; workerId: string; types: JobType[]; max: number | undefined }): Promise<Claimed[]> {
+async function claimRound(ctx: JobsContext, c: ClaimRequest & { max: number | undefined }): Promise<Claimed[]> {
   for (let i = 0; i < 100; i++) {
-    const request = { tenant: c.tenant, workerId: c.workerId, types: c.types }
+    const request = { tenant: c.tenant, workerId: c.workerId, ...(c.workerIds ? { workerIds: c.workerIds } : {}), types: c.types }
     // claimOne keeps its own store-call metric (call="claimOne") for one-job claims.
     const all = c.max === undefined ? [await ctx.jobs.claimOne(request)].filter((one) => one !== undefined) : await ctx.jobs.claimJobs({ ...request, max: c.max })
     if (all.length === 0) return []

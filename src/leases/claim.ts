@@ -30,6 +30,11 @@ export interface Claimed {
   state: string
   /** The job was running on a lease that had expired (a reclaim), as the claim's locked row showed. */
   reclaimed: boolean
+  /**
+   * The owner the claim recorded (null for a job it finished instead): a worker that claimed
+   * without naming itself learns here what to send with its heartbeats.
+   */
+  worker_id: string | null
 }
 
 /** A claimed row with where the claim left the WAL (src/store/wal.ts): a claim issues fences, which a lossy failover could issue again. */
@@ -41,6 +46,11 @@ export const maxClaimBatch = 100
 export interface ClaimRequest {
   tenant: string
   workerId: string
+  /**
+   * One owner per job of a batch (the slots of one worker process): the claim's n-th job is
+   * recorded under the n-th, and `workerId` is used past their end. At most `max` are used.
+   */
+  workerIds?: string[]
   types: JobType[]
   /** Jobs to take in this one statement, 1 to {@link maxClaimBatch}; default 1. */
   max?: number
@@ -67,10 +77,10 @@ export async function claimJobs(db: Db, c: ClaimRequest): Promise<ClaimedRow[]> 
   // at 100,000 queued). PostgreSQL then rolls the claim back whole: it is claimed again.
   return retryRolledBack(async () => {
     if (max === 1 && c.types.length === 1) {
-      const row = await claimOneOfType(db, c.tenant, c.workerId, c.types[0]!)
+      const row = await claimOneOfType(db, c.tenant, c.workerIds?.[0] ?? c.workerId, c.types[0]!)
       return row ? [row] : []
     }
-    return claimBatch(db, c.tenant, c.workerId, c.types, max)
+    return claimBatch(db, c, max)
   })
 }
 
@@ -103,7 +113,7 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
     FROM candidate AS c
     WHERE j.id = c.id AND CASE WHEN j.tenant <> ${tenant} OR j.type <> ${t.name} THEN false
       WHEN j.state = 'queued' THEN j.run_after <= now() WHEN j.state = 'running' THEN j.lease_until <= now() ELSE false END
-    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state, c.reclaimed, j.cursor_length,
+    RETURNING j.id::text AS job_id, j.type, j.payload, j.fence::text AS fence, j.attempt, j.state, c.reclaimed, j.cursor_length, j.owner AS worker_id,
               to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
               ${t.lease}::integer AS lease_ms,
               floor(extract(epoch FROM (j.lease_until - now())) * 1000)::integer AS lease_remaining_ms,
@@ -119,10 +129,13 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
  * constant `LIMIT 100` tells the planner how few rows reach the update, so even a
  * generic plan finds them by primary key rather than hashing the table.
  */
-async function claimBatch(db: Db, tenant: string, workerId: string, types: JobType[], max: number): Promise<ClaimedRow[]> {
+async function claimBatch(db: Db, { tenant, workerId, workerIds, types }: ClaimRequest, max: number): Promise<ClaimedRow[]> {
   // `max` is written into the text: bound, it kept PostgreSQL planning this statement on
   // every call (362 µs of planning to 401 µs of execution at 20,000 queued).
   const limit = inlined(max)
+  // Which job gets which owner does not matter, only that each gets its own: so the candidates
+  // are numbered in the order they come (row_number() OVER ()), which needs no sort.
+  const owners = workerIds ? JSON.stringify(workerIds) : null
   return withInlined<ClaimedRow>(db)`
     WITH types AS (
       SELECT * FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer)
@@ -142,17 +155,18 @@ async function claimBatch(db: Db, tenant: string, workerId: string, types: JobTy
         state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= c.max_attempts THEN 'failed' ELSE 'running' END,
         error_code = CASE WHEN j.cancel_requested THEN j.error_code WHEN j.attempt >= c.max_attempts THEN 'max_attempts' ELSE j.error_code END,
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN now() END,
-        owner = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE ${workerId} END,
+        owner = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL
+          ELSE coalesce(${owners}::text::jsonb ->> (c.n - 1)::integer, ${workerId}) END,
         fence = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.fence ELSE j.fence + 1 END,
         attempt = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.attempt ELSE j.attempt + 1 END,
         lease_until = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE now() + c.lease_ms * interval '1 millisecond' END,
         started_at = now()
-      FROM (SELECT * FROM candidate LIMIT 100) AS c
+      FROM (SELECT *, row_number() OVER () AS n FROM candidate LIMIT 100) AS c
       WHERE j.id = c.id AND CASE WHEN j.tenant <> ${tenant} OR j.type <> c.type THEN false
         WHEN j.state = 'queued' THEN j.run_after <= now() WHEN j.state = 'running' THEN j.lease_until <= now() ELSE false END
-      RETURNING j.id, c.at, j.type, j.payload, j.fence, j.attempt, j.state, c.reclaimed, j.cursor_length, j.lease_until, c.lease_ms
+      RETURNING j.id, c.at, j.type, j.payload, j.fence, j.attempt, j.state, c.reclaimed, j.cursor_length, j.lease_until, c.lease_ms, j.owner
     )
-    SELECT id::text AS job_id, type, payload, fence::text AS fence, attempt, state, reclaimed, cursor_length,
+    SELECT id::text AS job_id, type, payload, fence::text AS fence, attempt, state, reclaimed, cursor_length, owner AS worker_id,
            to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until,
            lease_ms::integer AS lease_ms,
            floor(extract(epoch FROM (lease_until - now())) * 1000)::integer AS lease_remaining_ms,
