@@ -304,6 +304,91 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     expect(audit.json.items.map((a: any) => [a.code, a.caller])).toEqual([['job_released', 'operator-alice']])
   })
 
+  it('cancels a queued job and asks a running one\'s holder to stop, after a confirmation that says which; dismissing it changes nothing', async () => {
+    const worker = { authorization: `Bearer ${await token({ sub: 'worker-a', scope: 'jobs:start jobs:work' })}` }
+    const jobsApi = async (path: string, body: unknown) => fetch(`${gw.url}/_fencegate/jobs${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...worker }, body: JSON.stringify(body) })
+    // Claim before starting the new job, so the claim takes an older queued one and the new one stays queued.
+    await jobsApi('', { type: 'send-invoice', key: 'invoice-45' })
+    const held = await (await jobsApi('/claim', { worker_id: 'worker-a' })).json() as { job_id: string; fence: string }
+    const queued = await (await jobsApi('', { type: 'send-invoice', key: 'invoice-46' })).json() as { job_id: string; state: string }
+    expect(queued.state).toBe('queued')
+    const job = async (id: string) => (await admin(`/jobs/${id}?tenant=acme`)).json
+    // An earlier test may have released the claimed job: only this test's actions are compared.
+    const audited = async (id: string) => (await admin(`/audit?tenant=acme&entity=job:${id}`)).json.items.filter((a: any) => a.code !== 'job_released').map((a: any) => [a.code, a.caller])
+
+    // A hash of its own: the previous test left the page on #/jobs?tenant=acme, and the same hash would not render again.
+    await open('#/jobs?tenant=acme&type=send-invoice')
+    const row = page.locator(`#jobs-table tr[data-job="${queued.job_id}"]`)
+    await row.locator('button[data-action="cancel"]').click()
+    await page.locator('#confirm-dialog', { hasText: 'cancelled now and no worker will claim it' }).waitFor({ state: 'visible' })
+    await shot('job-cancel-confirm', false)
+    // Dismissed: the job stays queued, nothing is audited, the row keeps its action.
+    await page.locator('#confirm-cancel').click()
+    await page.locator('#confirm-dialog').waitFor({ state: 'hidden' })
+    expect([(await job(queued.job_id)).state, await audited(queued.job_id)]).toEqual(['queued', []])
+    await expect.poll(() => row.locator('td:nth-child(4)').textContent()).toBe('queued')
+    await row.locator('button[data-action="cancel"]').click()
+    await page.locator('#confirm-ok').click()
+    await page.locator('#job-action-result', { hasText: `Job ${queued.job_id}: cancel done; it is cancelled now.` }).waitFor()
+    await row.locator('td:nth-child(4)', { hasText: 'cancelled' }).waitFor()
+    expect(await row.locator('button[data-action="cancel"]').count()).toBe(0)
+    expect((await job(queued.job_id)).state).toBe('cancelled')
+    expect(await audited(queued.job_id)).toEqual([['job_cancelled', 'operator-alice']])
+    // No worker claims it: a claim of everything due takes the other queued jobs, never this one.
+    const next = await jobsApi('/claim', { worker_id: 'worker-a', max: 100 })
+    const taken = next.status === 200 ? (await next.json() as { jobs: { job_id: string }[] }).jobs.map((j) => j.job_id) : []
+    expect(taken).not.toContain(queued.job_id)
+
+    // A running job: the confirmation names the holder; its next heartbeat hears of the cancel.
+    const running = page.locator(`#jobs-table tr[data-job="${held.job_id}"]`)
+    await running.locator('button[data-action="cancel"]').click()
+    await page.locator('#confirm-dialog', { hasText: 'The holder (worker-a) is told at its next heartbeat' }).waitFor({ state: 'visible' })
+    await page.locator('#confirm-ok').click()
+    await page.locator('#job-action-result', { hasText: `Job ${held.job_id}: cancel done; it is running now.` }).waitFor()
+    await running.locator('td:nth-child(4)', { hasText: 'running (cancel requested)' }).waitFor()
+    expect(await running.locator('button[data-action="cancel"]').count()).toBe(0)
+    const beat = await jobsApi(`/${held.job_id}/heartbeat`, { worker_id: 'worker-a', fence: held.fence })
+    expect([beat.status, (await beat.json() as any).cancel_requested]).toEqual([200, true])
+    expect((await (await jobsApi(`/${held.job_id}/release`, { worker_id: 'worker-a', fence: held.fence })).json() as any).state).toBe('cancelled')
+    expect((await job(held.job_id)).state).toBe('cancelled')
+    expect(await audited(held.job_id)).toEqual([['job_cancelled', 'operator-alice']])
+  })
+
+  it('retries a failed job from the Jobs screen after a confirmation: queued again, attempt 0, audited as job_retried', async () => {
+    const worker = { authorization: `Bearer ${await token({ sub: 'worker-a', scope: 'jobs:start jobs:work' })}` }
+    const jobsApi = async (path: string, body: unknown) => fetch(`${gw.url}/_fencegate/jobs${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...worker }, body: JSON.stringify(body) })
+    await jobsApi('', { type: 'send-invoice', key: 'invoice-47' })
+    const held = await (await jobsApi('/claim', { worker_id: 'worker-a' })).json() as { job_id: string; fence: string }
+    const failed = await jobsApi(`/${held.job_id}/fail`, { worker_id: 'worker-a', fence: held.fence, error: { message: 'smtp down' }, retryable: false })
+    expect((await failed.json() as any).state).toBe('failed')
+
+    await open('#/jobs?tenant=acme&state=failed')
+    const row = page.locator(`#jobs-table tr[data-job="${held.job_id}"]`)
+    await row.locator('td:nth-child(4)', { hasText: 'failed (not_retryable)' }).waitFor()
+    await row.locator('button[data-action="retry"]').click()
+    await page.locator('#confirm-dialog', { hasText: 'queued again as a new attempt cycle' }).waitFor({ state: 'visible' })
+    await shot('job-retry-confirm', false)
+    // Escape dismisses: still failed, nothing audited.
+    await page.keyboard.press('Escape')
+    await page.locator('#confirm-dialog').waitFor({ state: 'hidden' })
+    expect((await admin(`/jobs/${held.job_id}?tenant=acme`)).json.state).toBe('failed')
+    await row.locator('button[data-action="retry"]').click()
+    await page.locator('#confirm-ok').click()
+    await page.locator('#job-action-result', { hasText: `Job ${held.job_id}: retry done; it is queued now.` }).waitFor()
+    // The screen is filtered on failed: the retried job leaves it.
+    await row.waitFor({ state: 'detached' })
+    await open('#/jobs?tenant=acme&state=queued')
+    await row.locator('td:nth-child(4)', { hasText: 'queued' }).waitFor()
+    expect(await row.locator('td').allTextContents().then((c) => c.slice(3, 7))).toEqual(['queued', '—', held.fence, '0'])
+    const detail = (await admin(`/jobs/${held.job_id}?tenant=acme`)).json
+    expect([detail.state, detail.attempt, detail.error, detail.error_code]).toEqual(['queued', 0, null, null])
+    const audit = (await admin(`/audit?tenant=acme&entity=job:${held.job_id}`)).json.items
+    expect(audit.filter((a: any) => a.code === 'job_retried').map((a: any) => [a.code, a.caller])).toEqual([['job_retried', 'operator-alice']])
+    // A worker claims it again, with a fence above the failed attempt's.
+    const again = (await (await jobsApi('/claim', { worker_id: 'worker-a', max: 100 })).json() as { jobs: { job_id: string; fence: string }[] }).jobs.find((j) => j.job_id === held.job_id)
+    expect(BigInt(again!.fence)).toBeGreaterThan(BigInt(held.fence))
+  })
+
   it('shows the rules, their versions and a field-by-field diff old → new', async () => {
     expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'required' }) })).status).toBe(200)
     expect((await admin('/rules/vip', { method: 'PUT', body: JSON.stringify({ entity_match: 'ticket:vip-*', fence: 'optional', tenant: 'acme' }) })).status).toBe(200)
