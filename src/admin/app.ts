@@ -56,12 +56,27 @@ export interface AdminDeps {
  * const page = await (await admin.request('/audit?code=stale_fence&limit=50')).json()
  */
 export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
-  const { store, exposition } = deps
-  const authenticate = deps.authenticate ?? noAuthentication
-  const metrics = deps.metrics ?? noMetrics
-  const tracing = deps.tracing ?? noTracing
+  const { store } = deps
   const app = new Hono<AdminEnv>()
   // Outermost, so it also sees answers made by onError (a refused token, an unknown endpoint).
+  observeRequests(app, deps.tracing ?? noTracing, deps.metrics ?? noMetrics)
+  // Before everything, the console too: a DNS-rebound page must not even load it as its own.
+  if (deps.browserGuard) guardBrowsers(app, deps.browserGuard)
+  // The console's static files hold no tenant data: served before authentication, so the page can ask for a token.
+  app.route('/ui', createConsoleApp())
+  identifyRequests(app, deps.authenticate ?? noAuthentication)
+  routeOwnEndpoints(app, deps)
+  app.route('/', createEntitiesApp(store))
+  app.route('/', createKeysApp(store))
+  if (deps.rules) app.route('/rules', createRulesApp(deps.rules))
+  app.route('/', createHistoryApp(store))
+  if (deps.db) app.route('/jobs', createAdminJobsApp(deps.db))
+  answerProblems(app)
+  return app
+}
+
+/** A span and a metric per admin request, the unmatched ones included. */
+function observeRequests(app: Hono<AdminEnv>, tracing: Tracing, metrics: Metrics): void {
   app.use(async (c, next) => {
     const span = startRequestSpan(tracing, { method: c.req.method, url: new URL(c.req.url), headers: c.req.raw.headers })
     c.set('span', span)
@@ -71,18 +86,18 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     if (span.sampled) endAdminSpan(span, c.req.method, endpoint === '/*' ? undefined : endpoint, c.res.status, c.get('refusal'))
     else span.end()
   })
-  // Before everything, the console too: a DNS-rebound page must not even load it as its own.
-  const guard = deps.browserGuard
-  if (guard) {
-    app.use(async (c, next) => {
-      const refusal = browserRefusal(c.req.raw.headers, c.req.method, guard, true)
-      if (refusal) return problemResponse(refusal, requestIdOf(c.req.raw), { accept: c.req.header('accept') })
-      await next()
-      return undefined
-    })
-  }
-  // The console's static files hold no tenant data: served before authentication, so the page can ask for a token.
-  app.route('/ui', createConsoleApp())
+}
+
+function guardBrowsers(app: Hono<AdminEnv>, guard: BrowserGuard): void {
+  app.use(async (c, next) => {
+    const refusal = browserRefusal(c.req.raw.headers, c.req.method, guard, true)
+    if (refusal) return problemResponse(refusal, requestIdOf(c.req.raw), { accept: c.req.header('accept') })
+    await next()
+    return undefined
+  })
+}
+
+function identifyRequests(app: Hono<AdminEnv>, authenticate: Authenticate): void {
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))
     // Health is for load balancers and carries no tenant data; everything else needs an identity.
@@ -90,7 +105,11 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     await next()
     c.header('x-request-id', c.get('requestId'))
   })
+}
 
+/** The admin plane's own endpoints: health, the audit trail, metrics and the OpenAPI description. */
+function routeOwnEndpoints(app: Hono<AdminEnv>, deps: AdminDeps): void {
+  const { store, exposition } = deps
   // A gateway that refuses every command (its store cannot prove its record) is unavailable too.
   app.get('/health', async (c) => {
     const { level, refusing } = (deps.durability ?? localDurability).status()
@@ -120,13 +139,10 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   })
 
   app.get('/openapi.json', (c) => c.json(adminOpenApi()))
+}
 
-  app.route('/', createEntitiesApp(store))
-  app.route('/', createKeysApp(store))
-  if (deps.rules) app.route('/rules', createRulesApp(deps.rules))
-  app.route('/', createHistoryApp(store))
-  if (deps.db) app.route('/jobs', createAdminJobsApp(deps.db))
-
+/** Every failure, an unknown endpoint included, answers as a problem. */
+function answerProblems(app: Hono<AdminEnv>): void {
   app.notFound(() => {
     throw new FencegateError('not_found', 'no such admin endpoint')
   })
@@ -136,5 +152,4 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
     c.set('refusal', problem.code)
     return problemResponse(problem, c.get('requestId'), { accept: c.req.header('accept') })
   })
-  return app
 }

@@ -114,70 +114,84 @@ export type Captured =
  * away the copy keeps reading, so the record is settled all the same.
  */
 export function captureBody(body: ReadableStream<Uint8Array> | null, limit: number, settle: (captured: Captured) => Promise<void>): ReadableStream<Uint8Array> {
-  const reader = body?.getReader()
-  const chunks: Uint8Array[] = []
-  let size = 0
+  const copy = new BodyCopy(body?.getReader(), limit, settle)
   let clientGone = false
-  let settled: Promise<void> | undefined
-  const finish = (captured: Captured) => (settled ??= settle(captured))
-
-  // One read at a time: a cancel can arrive while a pull is still reading.
-  let busy: Promise<unknown> = Promise.resolve()
-  const step = (): Promise<Uint8Array | undefined> => {
-    const next = busy.catch(() => {}).then(readOnce)
-    busy = next
-    return next
-  }
-  /** Reads one chunk; undefined once the body ended and the outcome is settled. */
-  const readOnce = async (): Promise<Uint8Array | undefined> => {
-    if (settled) return undefined
-    if (!reader) {
-      await finish({ kind: 'complete', body: new Uint8Array(0) })
-      return undefined
-    }
-    let next
-    try {
-      next = await reader.read()
-    } catch (err) {
-      await finish({ kind: 'broken' })
-      throw err
-    }
-    if (next.done) {
-      await finish(size <= limit ? { kind: 'complete', body: concatBytes(chunks, size) } : { kind: 'too_large' })
-      return undefined
-    }
-    size += next.value.byteLength
-    if (size <= limit) chunks.push(next.value)
-    else chunks.length = 0
-    return next.value
-  }
-  // Once the client is gone, read the rest so the record still settles; past the limit nothing is kept.
-  const drain = async () => {
-    try {
-      while (!settled) {
-        if (size > limit) {
-          await busy.catch(() => {})
-          await reader?.cancel()
-          await finish({ kind: 'too_large' })
-          return
-        }
-        await step()
-      }
-    } catch {
-      // settled as broken by readOnce
-    }
-  }
-
   return new ReadableStream<Uint8Array>({
     async pull(controller) {
-      const chunk = await step()
+      const chunk = await copy.step()
       if (clientGone) return
       if (chunk) controller.enqueue(chunk)
       else controller.close()
     },
     cancel() {
       clientGone = true
-      void drain()
+      void copy.drain()
     },
   }, { highWaterMark: 0 })
+}
+
+/** The upstream body's reads and the copy kept of it, up to `limit` bytes; the outcome is settled once. */
+class BodyCopy {
+  private readonly chunks: Uint8Array[] = []
+  private size = 0
+  private settled: Promise<void> | undefined
+  // One read at a time: a cancel can arrive while a pull is still reading.
+  private busy: Promise<unknown> = Promise.resolve()
+
+  constructor(
+    private readonly reader: ReadableStreamDefaultReader<Uint8Array> | undefined,
+    private readonly limit: number,
+    private readonly settle: (captured: Captured) => Promise<void>,
+  ) {}
+
+  /** The next chunk, once the reads before it are done; undefined once the body ended and the outcome is settled. */
+  step(): Promise<Uint8Array | undefined> {
+    const next = this.busy.catch(() => {}).then(() => this.readOnce())
+    this.busy = next
+    return next
+  }
+
+  // Once the client is gone, read the rest so the record still settles; past the limit nothing is kept.
+  async drain(): Promise<void> {
+    try {
+      while (!this.settled) {
+        if (this.size > this.limit) {
+          await this.busy.catch(() => {})
+          await this.reader?.cancel()
+          await this.finish({ kind: 'too_large' })
+          return
+        }
+        await this.step()
+      }
+    } catch {
+      // settled as broken by readOnce
+    }
+  }
+
+  private finish(captured: Captured): Promise<void> {
+    return (this.settled ??= this.settle(captured))
+  }
+
+  private async readOnce(): Promise<Uint8Array | undefined> {
+    if (this.settled) return undefined
+    if (!this.reader) {
+      await this.finish({ kind: 'complete', body: new Uint8Array(0) })
+      return undefined
+    }
+    let next
+    try {
+      next = await this.reader.read()
+    } catch (err) {
+      await this.finish({ kind: 'broken' })
+      throw err
+    }
+    if (next.done) {
+      await this.finish(this.size <= this.limit ? { kind: 'complete', body: concatBytes(this.chunks, this.size) } : { kind: 'too_large' })
+      return undefined
+    }
+    this.size += next.value.byteLength
+    if (this.size <= this.limit) this.chunks.push(next.value)
+    else this.chunks.length = 0
+    return next.value
+  }
 }

@@ -62,79 +62,106 @@ interface Polled {
  * const pipeline = createPipeline({ ...deps, store, outcomeWaits: waits })
  */
 export function outcomeWaits(store: Pick<Store, 'getKey'>, options: OutcomeWaitOptions): OutcomeWaits {
-  const first = options.firstPollMs ?? 20
-  const longest = options.maxPollMs ?? 250
-  const delay = options.delay ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)))
-  const polled = new Map<string, Polled>()
-  // Tenants and keys are free text: a JSON pair cannot run one into the other.
-  const idOf = (tenant: string, key: string) => JSON.stringify([tenant, key])
-
-  // A stopped poll's pending delay finds it gone and reads nothing.
-  const stop = (id: string, p: Polled) => {
-    if (polled.get(id) === p) polled.delete(id)
-  }
-  const settle = (id: string, outcome: { settled: true } | { failed: unknown }) => {
-    const p = polled.get(id)
-    if (!p) return
-    stop(id, p)
-    for (const w of p.waiters) {
-      clearTimeout(w.timer)
-      if ('failed' in outcome) w.reject(outcome.failed)
-      else w.resolve(true)
-    }
-  }
-  const schedule = (id: string, p: Polled) => {
-    const ms = p.interval
-    p.interval = Math.min(p.interval * 2, longest)
-    void delay(ms).then(() => (polled.get(id) === p ? poll(id, p) : undefined))
-  }
-  const poll = async (id: string, p: Polled) => {
-    let state: string | undefined
-    try {
-      state = (await store.getKey(p.tenant, p.key))?.state
-    } catch (err) {
-      if (polled.get(id) === p) settle(id, { failed: err })
-      return
-    }
-    // Settled locally, or every waiter left, while the read was out.
-    if (polled.get(id) !== p) return
-    if (state !== 'in_flight') settle(id, { settled: true })
-    else schedule(id, p)
-  }
-
+  const polls = new KeyPolls(store, {
+    first: options.firstPollMs ?? 20,
+    longest: options.maxPollMs ?? 250,
+    delay: options.delay ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))),
+  })
   return {
     wait(tenant, key, waitMs) {
       const id = idOf(tenant, key)
-      let p = polled.get(id)
-      if (!p) {
-        if (polled.size >= options.maxKeys) return Promise.resolve(false)
-        p = { tenant, key, waiters: new Set(), interval: first }
-        polled.set(id, p)
-        schedule(id, p)
-      }
-      const entry = p
+      const entry = polls.pollOf(id, tenant, key, options.maxKeys)
+      if (!entry) return Promise.resolve(false)
       return new Promise<boolean>((resolve, reject) => {
         const w: Waiter = {
           resolve, reject,
           timer: setTimeout(() => {
             entry.waiters.delete(w)
-            if (entry.waiters.size === 0) stop(id, entry)
+            if (entry.waiters.size === 0) polls.stop(id, entry)
             resolve(false)
           }, waitMs),
         }
         entry.waiters.add(w)
       })
     },
-    watching(inner) {
-      // Only a write that took effect settles the key: one that failed left it in flight.
-      const waking = <F extends (held: Held, ...rest: never[]) => Promise<boolean>>(write: F): F =>
-        (async (held: Held, ...rest: never[]) => {
-          const done = await write(held, ...rest)
-          if (done) settle(idOf(held.tenant, held.key), { settled: true })
-          return done
-        }) as F
-      return { ...inner, complete: waking(inner.complete), release: waking(inner.release), markUnknown: waking(inner.markUnknown) }
-    },
-    waiting: () => ({ keys: polled.size, waiters: [...polled.values()].reduce((n, p) => n + p.waiters.size, 0) }),
+    watching: (inner) => wakingWaiters(inner, polls),
+    waiting: () => polls.waiting(),
+  }
+}
+
+// Tenants and keys are free text: a JSON pair cannot run one into the other.
+const idOf = (tenant: string, key: string) => JSON.stringify([tenant, key])
+
+/** `OutcomeWaits.watching`: a key settled by this process wakes its waiters without a poll. */
+function wakingWaiters(inner: Store, polls: KeyPolls): Store {
+  // Only a write that took effect settles the key: one that failed left it in flight.
+  const waking = <F extends (held: Held, ...rest: never[]) => Promise<boolean>>(write: F): F =>
+    (async (held: Held, ...rest: never[]) => {
+      const done = await write(held, ...rest)
+      if (done) polls.settle(idOf(held.tenant, held.key), { settled: true })
+      return done
+    }) as F
+  return { ...inner, complete: waking(inner.complete), release: waking(inner.release), markUnknown: waking(inner.markUnknown) }
+}
+
+/** The keys polled now: one poll of the store per key, its delay doubling, shared by all its waiters. */
+class KeyPolls {
+  private readonly polled = new Map<string, Polled>()
+
+  constructor(
+    private readonly store: Pick<Store, 'getKey'>,
+    private readonly timing: { first: number; longest: number; delay: (ms: number) => Promise<void> },
+  ) {}
+
+  /** The key's poll, started if it had none; undefined when `maxKeys` other keys are polled already. */
+  pollOf(id: string, tenant: string, key: string, maxKeys: number): Polled | undefined {
+    let p = this.polled.get(id)
+    if (!p) {
+      if (this.polled.size >= maxKeys) return undefined
+      p = { tenant, key, waiters: new Set(), interval: this.timing.first }
+      this.polled.set(id, p)
+      this.schedule(id, p)
+    }
+    return p
+  }
+
+  // A stopped poll's pending delay finds it gone and reads nothing.
+  stop(id: string, p: Polled): void {
+    if (this.polled.get(id) === p) this.polled.delete(id)
+  }
+
+  settle(id: string, outcome: { settled: true } | { failed: unknown }): void {
+    const p = this.polled.get(id)
+    if (!p) return
+    this.stop(id, p)
+    for (const w of p.waiters) {
+      clearTimeout(w.timer)
+      if ('failed' in outcome) w.reject(outcome.failed)
+      else w.resolve(true)
+    }
+  }
+
+  waiting(): { keys: number; waiters: number } {
+    return { keys: this.polled.size, waiters: [...this.polled.values()].reduce((n, p) => n + p.waiters.size, 0) }
+  }
+
+  private schedule(id: string, p: Polled): void {
+    const ms = p.interval
+    p.interval = Math.min(p.interval * 2, this.timing.longest)
+    void this.timing.delay(ms).then(() => (this.polled.get(id) === p ? this.poll(id, p) : undefined))
+  }
+
+  private async poll(id: string, p: Polled): Promise<void> {
+    let state: string | undefined
+    try {
+      state = (await this.store.getKey(p.tenant, p.key))?.state
+    } catch (err) {
+      if (this.polled.get(id) === p) this.settle(id, { failed: err })
+      return
+    }
+    // Settled locally, or every waiter left, while the read was out.
+    if (this.polled.get(id) !== p) return
+    if (state !== 'in_flight') this.settle(id, { settled: true })
+    else this.schedule(id, p)
   }
 }

@@ -103,41 +103,17 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
   const log = options.log ?? silentLogger
   const shared: WaiterShared = { waiters: new Set(), counts: { waiting: 0, notified: 0, ticks: 0, reconnects: 0 }, fallbackMs }
   const { waiters, counts } = shared
-  let listening: Promise<boolean> | undefined
-  let unlisten: (() => Promise<void>) | undefined
-  let retryAt = 0
-  let closed = false
-
-  // The payload is `type:tenant` (a type name has no colon): only that tenant's waiters of that type wake.
-  const onType = (payload: string) => {
-    for (const w of waiters) if (w.types.has(payload)) w.wake('notified')
-  }
-  // Whatever was notified while the connection was down is lost: every waiter looks again.
-  const onReconnect = () => {
-    counts.reconnects++
-    for (const w of waiters) w.wake('reconnected')
-  }
-
-  function startListening(): Promise<boolean> {
-    if (!options.listen || closed) return Promise.resolve(false)
-    if (listening) return listening
-    if (performance.now() < retryAt) return Promise.resolve(false)
-    listening = options.listen(onType, onReconnect).then((u) => {
-      // Closed while the LISTEN was on its way: undo it rather than keep it forever.
-      if (closed) {
-        u().catch(() => {})
-        return false
-      }
-      unlisten = u
-      return true
-    }, (err: unknown) => {
-      log.warn('jobs_listen_failed', { store_code: storeCode(err) })
-      listening = undefined
-      retryAt = performance.now() + fallbackMs
-      return false
-    })
-    return listening
-  }
+  const listen = new ProcessListen(options, fallbackMs, log, {
+    // The payload is `type:tenant` (a type name has no colon): only that tenant's waiters of that type wake.
+    onType: (payload: string) => {
+      for (const w of waiters) if (w.types.has(payload)) w.wake('notified')
+    },
+    // Whatever was notified while the connection was down is lost: every waiter looks again.
+    onReconnect: () => {
+      counts.reconnects++
+      for (const w of waiters) w.wake('reconnected')
+    },
+  })
 
   return {
     async register(types, deadline, tenant) {
@@ -147,7 +123,7 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
       // would wait for the tick; but never wait for the LISTEN past the claim's own deadline.
       let timer: ReturnType<typeof setTimeout> | undefined
       await Promise.race([
-        startListening(),
+        listen.start(),
         new Promise((resolve) => {
           timer = setTimeout(resolve, Math.max(0, deadline - performance.now()))
         }),
@@ -155,13 +131,56 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
       clearTimeout(timer)
       return waiter
     },
-    stats: () => ({ ...counts, registered: waiters.size, listening: unlisten !== undefined && !closed }),
-    async close() {
-      closed = true
-      const u = unlisten
-      unlisten = undefined
-      await u?.().catch(() => {})
-    },
+    stats: () => ({ ...counts, registered: waiters.size, listening: listen.active() }),
+    close: () => listen.close(),
+  }
+}
+
+/** The process's one LISTEN: started by the first waiting claim, tried again at most once per tick after it failed. */
+class ProcessListen {
+  private listening: Promise<boolean> | undefined
+  private unlisten: (() => Promise<void>) | undefined
+  private retryAt = 0
+  private closed = false
+
+  constructor(
+    private readonly options: ClaimWakeOptions,
+    private readonly fallbackMs: number,
+    private readonly log: Logger,
+    private readonly on: { onType: (payload: string) => void; onReconnect: () => void },
+  ) {}
+
+  /** Resolves true once the LISTEN is active, false when there is none (yet). */
+  start(): Promise<boolean> {
+    if (!this.options.listen || this.closed) return Promise.resolve(false)
+    if (this.listening) return this.listening
+    if (performance.now() < this.retryAt) return Promise.resolve(false)
+    this.listening = this.options.listen(this.on.onType, this.on.onReconnect).then((u) => {
+      // Closed while the LISTEN was on its way: undo it rather than keep it forever.
+      if (this.closed) {
+        u().catch(() => {})
+        return false
+      }
+      this.unlisten = u
+      return true
+    }, (err: unknown) => {
+      this.log.warn('jobs_listen_failed', { store_code: storeCode(err) })
+      this.listening = undefined
+      this.retryAt = performance.now() + this.fallbackMs
+      return false
+    })
+    return this.listening
+  }
+
+  active(): boolean {
+    return this.unlisten !== undefined && !this.closed
+  }
+
+  async close(): Promise<void> {
+    this.closed = true
+    const u = this.unlisten
+    this.unlisten = undefined
+    await u?.().catch(() => {})
   }
 }
 

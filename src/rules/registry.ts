@@ -116,62 +116,74 @@ export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistr
     const stored = await readRules(db)
     return compileRuleSet(stored.version, validate(stored.rules), stored.rules, credentials)
   }
-  let set = await load()
-  warnAboutDrift(set, config, log)
+  const rules = new RuleReloads(await load(), load, log)
+  warnAboutDrift(rules.set, config, log)
+  const stopFollowing = await followRuleChanges(db, rules, log, o.checkEveryMs ?? 1000)
+  return {
+    current: () => rules.set,
+    validate,
+    async change(c) {
+      const result = await changeRule(db, { ...c, validate })
+      if (result.changed) await rules.reload()
+      return result
+    },
+    refresh: () => rules.reload(),
+    close: stopFollowing,
+  }
+}
 
-  // One reload at a time; a request for another while one runs re-reads once more afterwards.
-  let running: Promise<void> | undefined
-  let again = false
-  const reload = (): Promise<void> => {
-    if (running) {
-      again = true
-      return running
+/** The rule set in use and its reloads: one at a time; a request for another while one runs re-reads once more afterwards. */
+class RuleReloads {
+  private running: Promise<void> | undefined
+  private again = false
+
+  constructor(public set: RuleSet, private readonly load: () => Promise<RuleSet>, private readonly log: Logger) {}
+
+  reload(): Promise<void> {
+    if (this.running) {
+      this.again = true
+      return this.running
     }
-    running = (async () => {
+    this.running = (async () => {
       do {
-        again = false
+        this.again = false
         try {
-          const next = await load()
-          if (next.version > set.version) {
-            set = next
-            log.info('rules_loaded', { rule_version: set.version })
+          const next = await this.load()
+          if (next.version > this.set.version) {
+            this.set = next
+            this.log.info('rules_loaded', { rule_version: this.set.version })
           }
         } catch (err) {
-          log.error('rules_reload_failed', { rule_version: set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
+          this.log.error('rules_reload_failed', { rule_version: this.set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
         }
-      } while (again)
-    })().finally(() => (running = undefined))
-    return running
+      } while (this.again)
+    })().finally(() => (this.running = undefined))
+    return this.running
   }
+}
 
+/**
+ * Reloads on a NOTIFY, and on a version check every `checkEveryMs` for what a dropped listen
+ * connection missed. Resolves to what stops following (the registry's `close`).
+ */
+async function followRuleChanges(db: Db, rules: RuleReloads, log: Logger, checkEveryMs: number): Promise<() => Promise<void>> {
   // A reconnected listener may have missed notifications: re-read once.
   const unlisten = db.listen
     ? await db.listen(rulesChannel, (payload) => {
-      if (Number(payload) > set.version) void reload()
-    }, () => void reload()).catch((err: unknown) => {
+      if (Number(payload) > rules.set.version) void rules.reload()
+    }, () => void rules.reload()).catch((err: unknown) => {
       log.warn('rules_listen_failed', { store_code: storeCode(err) })
       return undefined
     })
     : undefined
   const timer = setInterval(() => {
-    readRulesVersion(db).then((v) => (v > set.version ? reload() : undefined)).catch(() => {})
-  }, o.checkEveryMs ?? 1000)
+    readRulesVersion(db).then((v) => (v > rules.set.version ? rules.reload() : undefined)).catch(() => {})
+  }, checkEveryMs)
   ;(timer as { unref?: () => void }).unref?.()
-
-  return {
-    current: () => set,
-    validate,
-    async change(c) {
-      const result = await changeRule(db, { ...c, validate })
-      if (result.changed) await reload()
-      return result
-    },
-    refresh: reload,
-    async close() {
-      clearInterval(timer)
-      // The store closes next anyway; an UNLISTEN cut off with its connection changes nothing.
-      await unlisten?.().catch((err: unknown) => log.warn('rules_unlisten_failed', { store_code: storeCode(err) }))
-    },
+  return async () => {
+    clearInterval(timer)
+    // The store closes next anyway; an UNLISTEN cut off with its connection changes nothing.
+    await unlisten?.().catch((err: unknown) => log.warn('rules_unlisten_failed', { store_code: storeCode(err) }))
   }
 }
 

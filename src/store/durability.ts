@@ -111,84 +111,121 @@ export interface DurabilityOptions {
  * durability.status() // { level: 'replicated', timeline: 2 }
  */
 export async function watchDurability(db: Db, options: DurabilityOptions): Promise<Durability> {
-  const { log, requireReplicated, peers } = options
-  const readTimeoutMs = options.readTimeoutMs ?? 1000
-  let level: DurabilityLevel = 'unknown'
-  let refusal: DurabilityRefusal | undefined
-  let known: StoreState | undefined
-  let acked: string | undefined
-  let checking: Promise<void> | undefined
-  const waiters = new Set<(err: DurabilityRefusal) => void>()
-  const notReplicated = () => new DurabilityRefusal('store_not_replicated', 'store.require_replicated is set and no synchronous standby confirms commits now; nothing was forwarded')
+  const watch = new DurabilityWatch(db, options)
+  await watch.read().catch(() => watch.setLevel('unknown'))
+  watch.readEvery(options.everyMs ?? 1000)
+  return watch
+}
 
-  const setLevel = (next: DurabilityLevel) => {
-    if (next === level) return
-    const before = level
-    level = next
-    if (before !== 'unknown' || next === 'local') log[next === 'replicated' ? 'info' : 'warn'](next === 'local' && before === 'unknown' ? 'store_durability_local' : 'store_durability_changed', { from: before, to: next })
-    if (requireReplicated && next !== 'replicated') for (const fail of waiters) fail(notReplicated())
+const notReplicated = () => new DurabilityRefusal('store_not_replicated', 'store.require_replicated is set and no synchronous standby confirms commits now; nothing was forwarded')
+
+/** One PostgreSQL store's durability: its level as last read, and the state a change is judged against. */
+class DurabilityWatch implements Durability {
+  private level: DurabilityLevel = 'unknown'
+  private refusal: DurabilityRefusal | undefined
+  private known: StoreState | undefined
+  private acked: string | undefined
+  private checking: Promise<void> | undefined
+  private timer: ReturnType<typeof setInterval> | undefined
+  private readonly waiters = new Set<(err: DurabilityRefusal) => void>()
+  private readonly log: Logger
+  private readonly requireReplicated: boolean
+  private readonly peers: DurabilityPeers | undefined
+  private readonly readTimeoutMs: number
+
+  constructor(private readonly db: Db, options: DurabilityOptions) {
+    this.log = options.log
+    this.requireReplicated = options.requireReplicated
+    this.peers = options.peers
+    this.readTimeoutMs = options.readTimeoutMs ?? 1000
+    if (this.peers?.refusing) this.refuse(this.peers.refusing.code, this.peers.refusing.detail)
+    this.peers?.onRefusal((code, detail) => {
+      if (!this.refusal) this.log.error(code, { reached_by: 'another worker' })
+      this.refuse(code, detail)
+    })
   }
 
-  const refuse = (code: DurabilityRefusalCode, detail: string) => (refusal ??= new DurabilityRefusal(code, detail))
-  if (peers?.refusing) refuse(peers.refusing.code, peers.refusing.detail)
-  peers?.onRefusal((code, detail) => {
-    if (!refusal) log.error(code, { reached_by: 'another worker' })
-    refuse(code, detail)
-  })
+  acknowledged(): AckedPosition | undefined {
+    return this.acked && this.known ? { timeline: this.known.timeline, lsn: this.acked } : undefined
+  }
+
+  status(): DurabilityStatus {
+    const { level, refusal, known } = this
+    return { level, ...(refusal ? { refusing: refusal.code } : this.requireReplicated && level !== 'replicated' ? { refusing: 'store_not_replicated' as const } : {}), ...(known ? { timeline: known.timeline } : {}) }
+  }
+
+  admit(): void {
+    if (this.refusal) throw this.refusal
+    if (this.requireReplicated && this.level !== 'replicated') throw notReplicated()
+  }
+
+  during<T>(pending: Promise<T>): Promise<T> {
+    if (!this.requireReplicated) return pending
+    return new Promise((resolve, reject) => {
+      this.waiters.add(reject)
+      pending.then(resolve, reject).finally(() => this.waiters.delete(reject))
+    })
+  }
+
+  async observe(position: WalPosition | undefined): Promise<void> {
+    if (!position) return
+    const known = this.known
+    const moved = known !== undefined && (position.timeline !== known.timeline || position.boot !== known.boot)
+    if (moved && !this.checking) {
+      const state = await readStoreState(this.db)
+      if (state) await this.judge(state)
+    }
+    if (this.checking) await this.checking
+    if (this.refusal) throw this.refusal
+    if (position.lsn && this.known && position.timeline === this.known.timeline && (!this.acked || compareLsn(position.lsn, this.acked) > 0)) this.acked = position.lsn
+  }
+
+  close(): void {
+    clearInterval(this.timer)
+  }
+
+  readEvery(ms: number): void {
+    this.timer = setInterval(() => void this.read().catch(() => this.setLevel('unknown')), ms)
+    this.timer.unref?.()
+  }
+
+  async read(): Promise<void> {
+    const state = await withTimeout(readStoreState(this.db), this.readTimeoutMs)
+    if (!state) return this.setLevel('unknown')
+    const known = this.known
+    if (!known) this.known = state
+    else if (state.systemId !== known.systemId || state.timeline !== known.timeline || state.boot !== known.boot) await this.judge(state)
+    this.setLevel(state.replicated ? 'replicated' : 'local')
+  }
+
+  setLevel(next: DurabilityLevel): void {
+    if (next === this.level) return
+    const before = this.level
+    this.level = next
+    if (before !== 'unknown' || next === 'local') this.log[next === 'replicated' ? 'info' : 'warn'](next === 'local' && before === 'unknown' ? 'store_durability_local' : 'store_durability_changed', { from: before, to: next })
+    if (this.requireReplicated && next !== 'replicated') for (const fail of this.waiters) fail(notReplicated())
+  }
+
+  private refuse(code: DurabilityRefusalCode, detail: string): DurabilityRefusal {
+    return (this.refusal ??= new DurabilityRefusal(code, detail))
+  }
 
   /** A change of timeline or boot seen by a reading or a command: judged once, in turn (src/store/lost-commits.ts). */
-  const judge = (seen: StoreState) => (checking = (checking ?? Promise.resolve()).then(async () => {
-    if (refusal || !known) return
-    const verdict = await judgeWithPeers(db, known, seen, acked, peers)
-    if (verdict.kind === 'refuse') {
-      refuse(verdict.code, verdict.detail)
-      peers?.refuse(verdict.code, verdict.detail)
-      return log.error(verdict.code, verdict.fields)
-    }
-    if (verdict.kind === 'failover') {
-      log.warn('store_failover', verdict.fields)
-      acked = undefined
-    }
-    known = seen
-  }).finally(() => (checking = undefined)))
-
-  const read = async () => {
-    const state = await withTimeout(readStoreState(db), readTimeoutMs)
-    if (!state) return setLevel('unknown')
-    if (!known) known = state
-    else if (state.systemId !== known.systemId || state.timeline !== known.timeline || state.boot !== known.boot) await judge(state)
-    setLevel(state.replicated ? 'replicated' : 'local')
-  }
-  await read().catch(() => setLevel('unknown'))
-  const timer = setInterval(() => void read().catch(() => setLevel('unknown')), options.everyMs ?? 1000)
-  timer.unref?.()
-
-  return {
-    acknowledged: () => (acked && known ? { timeline: known.timeline, lsn: acked } : undefined),
-    status: () => ({ level, ...(refusal ? { refusing: refusal.code } : requireReplicated && level !== 'replicated' ? { refusing: 'store_not_replicated' as const } : {}), ...(known ? { timeline: known.timeline } : {}) }),
-    admit() {
-      if (refusal) throw refusal
-      if (requireReplicated && level !== 'replicated') throw notReplicated()
-    },
-    during(pending) {
-      if (!requireReplicated) return pending
-      return new Promise((resolve, reject) => {
-        waiters.add(reject)
-        pending.then(resolve, reject).finally(() => waiters.delete(reject))
-      })
-    },
-    async observe(position) {
-      if (!position) return
-      const moved = known !== undefined && (position.timeline !== known.timeline || position.boot !== known.boot)
-      if (moved && !checking) {
-        const state = await readStoreState(db)
-        if (state) await judge(state)
+  private judge(seen: StoreState): Promise<void> {
+    return (this.checking = (this.checking ?? Promise.resolve()).then(async () => {
+      if (this.refusal || !this.known) return
+      const verdict = await judgeWithPeers(this.db, this.known, seen, this.acked, this.peers)
+      if (verdict.kind === 'refuse') {
+        this.refuse(verdict.code, verdict.detail)
+        this.peers?.refuse(verdict.code, verdict.detail)
+        return this.log.error(verdict.code, verdict.fields)
       }
-      if (checking) await checking
-      if (refusal) throw refusal
-      if (position.lsn && known && position.timeline === known.timeline && (!acked || compareLsn(position.lsn, acked) > 0)) acked = position.lsn
-    },
-    close: () => clearInterval(timer),
+      if (verdict.kind === 'failover') {
+        this.log.warn('store_failover', verdict.fields)
+        this.acked = undefined
+      }
+      this.known = seen
+    }).finally(() => (this.checking = undefined)))
   }
 }
 

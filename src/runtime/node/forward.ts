@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import { Pool } from 'undici'
 import type { RouteConfig } from '../../config/schema.js'
-import { ForwardError, type Forward } from '../../gateway/forward.js'
+import { ForwardError, type Forward, type ForwardRequest } from '../../gateway/forward.js'
 import { HeaderList } from '../../http/header-list.js'
 import type { BodySource } from '../../http/inbound.js'
 import { wholeAnswerLimit } from '../../gateway/outcome.js'
@@ -32,29 +32,10 @@ export interface UndiciForward {
  * const app = createApp({ config, store, forward })
  */
 export function createUndiciForward(options: { connections?: number; tls?: UpstreamTlsMaterial } = {}): UndiciForward {
-  const pools = new Map<string, Pool>()
-  let tls = options.tls
-  const retiring = new Set<Promise<void>>()
-  const poolFor = (route: RouteConfig): Pool => {
-    const tlsKey = route.upstream_tls ? upstreamTlsKey(route.upstream_tls) : ''
-    const key = `${route.upstream.origin} ${route.timeout_ms} ${tlsKey}`
-    let pool = pools.get(key)
-    if (!pool) {
-      const material = tlsKey ? tls?.get(tlsKey) : undefined
-      // Its files are read at start; a route without them here was wired without loadUpstreamTls.
-      if (tlsKey && !material) throw new Error(`no TLS material loaded for route ${route.name}`)
-      pool = poolOf(route, material, options.connections ?? 128)
-      pools.set(key, pool)
-    }
-    return pool
-  }
-
+  const pools = new UpstreamPools(options)
   const forward: Forward = async ({ route, target, method, headers, body }) => {
-    const flat: Record<string, string> = {}
-    headers.forEach((value, name) => {
-      flat[name] = value
-    })
-    const pool = poolFor(route)
+    const flat = flatHeaders(headers)
+    const pool = pools.poolFor(route)
     let res
     try {
       res = await pool.request({
@@ -66,37 +47,76 @@ export function createUndiciForward(options: { connections?: number; tls?: Upstr
     } catch (err) {
       throw classify(err)
     }
-    const responseHeaders = new HeaderList()
-    for (const name in res.headers) {
-      const value = res.headers[name]
-      if (typeof value === 'string') responseHeaders.append(name, value)
-      else if (value !== undefined) for (const v of value) responseHeaders.append(name, v)
-    }
+    const responseHeaders = headerListOf(res.headers)
     const empty = method === 'HEAD' || res.statusCode === 204 || res.statusCode === 304
     if (empty) res.body.resume()
     const declared = empty ? undefined : smallDeclaredLength(res.headers['content-length'])
     const answer = empty ? null : declared !== undefined ? await readSmall(res.body, declared) : toWebStream(res.body)
     return { status: res.statusCode, headers: responseHeaders, body: answer }
   }
+  return { forward, replaceTls: (material) => pools.replaceTls(material), close: () => pools.close() }
+}
 
-  return {
-    forward,
-    replaceTls(material) {
-      tls = material
-      // A pool is taken and used in one synchronous step (forward above), so none is closed under a request.
-      for (const [key, pool] of pools) {
-        if (key.endsWith(' ')) continue // no upstream_tls: its key ends in an empty TLS identity
-        pools.delete(key)
-        const closing = pool.close().catch(() => {}).finally(() => retiring.delete(closing))
-        retiring.add(closing)
-      }
-    },
-    async close() {
-      await Promise.all([...pools.values()].map((p) => p.close()))
-      await Promise.all(retiring)
-      pools.clear()
-    },
+/** The pools by upstream origin, timeout and TLS identity; the TLS ones are retired when their material is replaced. */
+class UpstreamPools {
+  private readonly pools = new Map<string, Pool>()
+  private readonly retiring = new Set<Promise<void>>()
+  private tls: UpstreamTlsMaterial | undefined
+
+  constructor(private readonly options: { connections?: number; tls?: UpstreamTlsMaterial }) {
+    this.tls = options.tls
   }
+
+  poolFor(route: RouteConfig): Pool {
+    const tlsKey = route.upstream_tls ? upstreamTlsKey(route.upstream_tls) : ''
+    const key = `${route.upstream.origin} ${route.timeout_ms} ${tlsKey}`
+    let pool = this.pools.get(key)
+    if (!pool) {
+      const material = tlsKey ? this.tls?.get(tlsKey) : undefined
+      // Its files are read at start; a route without them here was wired without loadUpstreamTls.
+      if (tlsKey && !material) throw new Error(`no TLS material loaded for route ${route.name}`)
+      pool = poolOf(route, material, this.options.connections ?? 128)
+      this.pools.set(key, pool)
+    }
+    return pool
+  }
+
+  replaceTls(material: UpstreamTlsMaterial): void {
+    this.tls = material
+    // A pool is taken and used in one synchronous step (the forward), so none is closed under a request.
+    for (const [key, pool] of this.pools) {
+      if (key.endsWith(' ')) continue // no upstream_tls: its key ends in an empty TLS identity
+      this.pools.delete(key)
+      const closing = pool.close().catch(() => {}).finally(() => this.retiring.delete(closing))
+      this.retiring.add(closing)
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.pools.values()].map((p) => p.close()))
+    await Promise.all(this.retiring)
+    this.pools.clear()
+  }
+}
+
+/** The request's header fields as undici takes them. */
+function flatHeaders(headers: ForwardRequest['headers']): Record<string, string> {
+  const flat: Record<string, string> = {}
+  headers.forEach((value, name) => {
+    flat[name] = value
+  })
+  return flat
+}
+
+/** The upstream's header fields, a repeated one kept as its lines. */
+function headerListOf(headers: Record<string, string | string[] | undefined>): HeaderList {
+  const list = new HeaderList()
+  for (const name in headers) {
+    const value = headers[name]
+    if (typeof value === 'string') list.append(name, value)
+    else if (value !== undefined) for (const v of value) list.append(name, v)
+  }
+  return list
 }
 
 /** A route's pool: timeouts from `timeout_ms`, an https origin through the connector that tells handshake failures apart. */

@@ -1,14 +1,11 @@
 import { getRequestListener } from '@hono/node-server'
-import { readFileSync } from 'node:fs'
 import { createServer, type RequestListener, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../admin/app.js'
-import { createAttestationSigner, type AttestationSigner } from '../../gateway/attest.js'
 import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
-import { ConfigError, type AuthConfig, type Config } from '../../config/schema.js'
-import { createAuthenticator, type VerificationKeys } from '../../http/identity.js'
+import { ConfigError, type Config } from '../../config/schema.js'
 import { browserGuard } from '../../http/browser-guard.js'
-import { createJobStore } from '../../leases/store.js'
+import { createJobStore, type JobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
 import type { Lingering } from './linger.js'
 import { guardTargets } from './target.js'
@@ -16,9 +13,10 @@ import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
 import { noTracing } from '../../observe/tracing.js'
 import { createPinoLogger } from './log.js'
-import { createPromMetrics } from './metrics.js'
-import { createUndiciForward } from './forward.js'
+import { createPromMetrics, type PromMetrics } from './metrics.js'
+import { createUndiciForward, type UndiciForward } from './forward.js'
 import { loadUpstreamTls } from './upstream-tls.js'
+import { readKeyMaterial, type KeyMaterial } from './key-material.js'
 import type { NodeTracing } from './tracing.js'
 import { nodeSha256Hex } from './hash.js'
 import { storeCode, type Db } from '../../store/db.js'
@@ -33,6 +31,9 @@ import { purgeOnce } from '../retention.js'
 import type { ClusterWorker } from './cluster-worker.js'
 import { workerPool } from './workers.js'
 import { keysPolledAtOnce, outcomeWaits } from '../../gateway/outcome-waits.js'
+
+// Key material is read in key-material.ts; these were always importable from here.
+export { attestationSigner, verificationKeys } from './key-material.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -65,15 +66,8 @@ export interface RunningGateway {
   close(graceMs?: number): Promise<void>
 }
 
-/**
- * Starts both planes on Node: the data plane on `server.host:port`, the admin
- * plane on `server.admin_host:admin_port`.
- *
- * @example
- * const gw = await startGateway({ config, databaseUrl: process.env.DATABASE_URL })
- * console.log(gw.dataUrl)
- */
-export async function startGateway(options: {
+/** What `startGateway` is given. */
+interface GatewayOptions {
   config: Config
   databaseUrl?: string
   log?: Logger
@@ -83,14 +77,68 @@ export async function startGateway(options: {
   cluster?: ClusterWorker
   /** Spans per request (`tracingFromEnv`, src/runtime/node/tracing.ts); none by default. The gateway flushes it when it closes. */
   tracing?: NodeTracing
-}): Promise<RunningGateway> {
-  const { cluster } = options
-  const { config } = options
+}
+
+/**
+ * Starts both planes on Node: the data plane on `server.host:port`, the admin
+ * plane on `server.admin_host:admin_port`.
+ *
+ * @example
+ * const gw = await startGateway({ config, databaseUrl: process.env.DATABASE_URL })
+ * console.log(gw.dataUrl)
+ */
+export async function startGateway(options: GatewayOptions): Promise<RunningGateway> {
+  const { cluster, config } = options
   const log = options.log ?? createPinoLogger(config.log.level)
   // Key material first: a bad key file must fail before the store (and its lock) is opened.
-  const authenticate = await createAuthenticator(config.auth, verificationKeys(config.auth))
-  const attest = await attestationSigner(config)
-  const upstreamTls = loadUpstreamTls(config.routes)
+  const keys = await readKeyMaterial(config)
+  const opened = await openStoreAndRules(options, log)
+  const upstream = createUndiciForward({ tls: keys.upstreamTls })
+  // Job completions of one turn share a statement, as idempotency completions do.
+  const jobs = instrument(createJobStore(opened.db, { schedule: setImmediate, durability: opened.durability }), opened.metrics)
+  const parts: GatewayParts = { ...opened, config, log, cluster, upstream, jobs }
+  const { data, adminServer } = await listenPlanes(parts, createPlanes(parts, keys, options.tracing))
+  const purge = startPurge(parts)
+  const dataUrl = urlOf(data, config.server.host)
+  const adminUrl = urlOf(adminServer, config.server.admin_host)
+  warnSharedUpstreamKeys(config, log)
+  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: opened.db.kind, routes: config.routes.length, ...(cluster ? { pid: process.pid } : {}) })
+  return {
+    dataUrl,
+    adminUrl,
+    store: opened.store,
+    reloadUpstreamTls: () => reloadUpstreamTls(parts),
+    async close(graceMs = 10_000) {
+      clearInterval(purge)
+      opened.durability.close()
+      await Promise.all([stop(data, graceMs), stop(adminServer, graceMs)])
+      await closeParts(parts, options.tracing)
+    },
+  }
+}
+
+/** The store and what lives on it: its durability, the metrics that read it, and the rules kept in it. */
+interface OpenedStore {
+  db: Db
+  /** This process's share of `store.max_connections`. */
+  max: number
+  durability: Durability
+  metrics: PromMetrics
+  store: Store
+  rules: RuleRegistry
+}
+
+/** Everything the planes are built from and `close` takes down. */
+interface GatewayParts extends OpenedStore {
+  config: Config
+  log: Logger
+  cluster: ClusterWorker | undefined
+  upstream: UndiciForward
+  jobs: JobStore
+}
+
+async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<OpenedStore> {
+  const { cluster, config } = options
   // The workers share store.max_connections (src/runtime/node/workers.ts).
   const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
   const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
@@ -105,7 +153,6 @@ export async function startGateway(options: {
   })
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
   cluster?.shareMetrics(metrics.registry)
-  const tracing = options.tracing?.tracing ?? noTracing
   const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
   let rules: RuleRegistry
   try {
@@ -114,33 +161,49 @@ export async function startGateway(options: {
     await store.close()
     throw err
   }
-  const upstream = createUndiciForward({ tls: upstreamTls })
-  // Job completions of one turn share a statement, as idempotency completions do.
-  const jobs = instrument(createJobStore(db, { schedule: setImmediate, durability }), metrics)
+  return { db, max, durability, metrics, store, rules }
+}
+
+/** The data plane and the admin plane, not yet listening. */
+function createPlanes(parts: GatewayParts, keys: KeyMaterial, nodeTracing: NodeTracing | undefined) {
+  const { config, store, db, metrics, cluster, rules } = parts
+  const { authenticate } = keys
+  const tracing = nodeTracing?.tracing ?? noTracing
   // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).
   const open = config.auth.mode === 'none'
   const dataGuard = open ? { browserGuard: browserGuard(config.server.host, config.server.allowed_hosts) } : {}
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
   // Duplicates' polls are budgeted from this process's own pool.
-  const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(max) })
-  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: upstream.forward, authenticate, jobs, log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(attest ? { attest } : {}), ...dataGuard })
-  const admin = createAdminApp({ store, durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing })
+  const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(parts.max) })
+  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: parts.upstream.forward, authenticate, jobs: parts.jobs, log: parts.log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(keys.attest ? { attest: keys.attest } : {}), ...dataGuard })
+  const admin = createAdminApp({ store, durability: parts.durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing })
+  return { plane, admin }
+}
+
+/** Listens with both planes; a plane that cannot listen closes what was opened for it. */
+async function listenPlanes(parts: GatewayParts, planes: ReturnType<typeof createPlanes>): Promise<{ data: Server; adminServer: Server }> {
+  const { config } = parts
   let data: Server | undefined
-  let adminServer: Server | undefined
   try {
     // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
     const linger = { timeMs: config.server.lingering_time, timeoutMs: config.server.lingering_timeout }
-    data = await listen(dataPlaneListener(plane, log, linger), config.server.host, config.server.port, config.server.max_header_bytes)
-    adminServer = await listen(honoListener(admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
+    data = await listen(dataPlaneListener(planes.plane, parts.log, linger), config.server.host, config.server.port, config.server.max_header_bytes)
+    const adminServer = await listen(honoListener(planes.admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
+    return { data, adminServer }
   } catch (err) {
     data?.close()
-    await upstream.close()
-    await rules.close()
-    await store.close()
+    await parts.upstream.close()
+    await parts.rules.close()
+    await parts.store.close()
     throw err
   }
-  // Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
-  // With several workers the first one purges: once per interval for the whole gateway.
+}
+
+/**
+ * Expired idempotency records are already ignored; this reclaims their space, and applies the retentions.
+ * With several workers the first one purges: once per interval for the whole gateway.
+ */
+function startPurge({ cluster, config, store, jobs, metrics, log }: GatewayParts): NodeJS.Timeout {
   const purge = setInterval(() => {
     if (cluster && cluster.index !== 0) return
     purgeOnce(store, config, metrics).then((purged) => log.debug('purge_ran', { ...purged }), () => log.warn('purge_failed'))
@@ -148,38 +211,38 @@ export async function startGateway(options: {
     jobs.purgeFinished(config.job_retention).then((n) => metrics.jobsPurged(n), () => log.warn('job_purge_failed'))
   }, config.store.purge_interval)
   purge.unref()
-  const dataUrl = urlOf(data, config.server.host)
-  const adminUrl = urlOf(adminServer, config.server.admin_host)
-  // Tenants that send equal keys to an upstream that dedupes them with one shared credential
-  // would be one operation there (docs/configuration.md, upstream_key).
+  return purge
+}
+
+/**
+ * Tenants that send equal keys to an upstream that dedupes them with one shared credential
+ * would be one operation there (docs/configuration.md, upstream_key).
+ */
+function warnSharedUpstreamKeys(config: Config, log: Logger): void {
   for (const r of config.routes) {
     if (config.auth.mode === 'jwt' && r.upstream_dedupes_keys && r.idempotency !== 'off' && r.upstream_key === 'as_sent') log.warn('upstream_keys_shared', { route: r.name })
   }
-  log.info('listening', { data_url: dataUrl, admin_url: adminUrl, store: db.kind, routes: config.routes.length, ...(cluster ? { pid: process.pid } : {}) })
-  return {
-    dataUrl,
-    adminUrl,
-    store,
-    reloadUpstreamTls() {
-      try {
-        upstream.replaceTls(loadUpstreamTls(config.routes))
-      } catch (err) {
-        log.error('upstream_tls_reload_failed', { problems: err instanceof ConfigError ? err.problems.join('; ') : (err as Error)?.name ?? 'error' })
-        return false
-      }
-      log.info('upstream_tls_reloaded', { routes: config.routes.filter((r) => r.upstream_tls).length })
-      return true
-    },
-    async close(graceMs = 10_000) {
-      clearInterval(purge)
-      durability.close()
-      await Promise.all([stop(data!, graceMs), stop(adminServer!, graceMs)])
-      // Each part closes even when one before it failed: a store left open keeps the process alive.
-      // Tracing last: the spans of the requests that just drained are exported before the process ends.
-      for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()], ['tracing', () => options.tracing?.shutdown() ?? Promise.resolve()]] as const) {
-        await close().catch((err: unknown) => log.warn('close_failed', { part, store_code: storeCode(err) }))
-      }
-    },
+}
+
+/** `RunningGateway.reloadUpstreamTls`: files that fail to load leave the old ones in use. */
+function reloadUpstreamTls({ upstream, config, log }: GatewayParts): boolean {
+  try {
+    upstream.replaceTls(loadUpstreamTls(config.routes))
+  } catch (err) {
+    log.error('upstream_tls_reload_failed', { problems: err instanceof ConfigError ? err.problems.join('; ') : (err as Error)?.name ?? 'error' })
+    return false
+  }
+  log.info('upstream_tls_reloaded', { routes: config.routes.filter((r) => r.upstream_tls).length })
+  return true
+}
+
+/**
+ * Each part closes even when one before it failed: a store left open keeps the process alive.
+ * Tracing last: the spans of the requests that just drained are exported before the process ends.
+ */
+async function closeParts({ upstream, rules, store, log }: GatewayParts, tracing: NodeTracing | undefined): Promise<void> {
+  for (const [part, close] of [['upstream', () => upstream.close()], ['rules', () => rules.close()], ['store', () => store.close()], ['tracing', () => tracing?.shutdown() ?? Promise.resolve()]] as const) {
+    await close().catch((err: unknown) => log.warn('close_failed', { part, store_code: storeCode(err) }))
   }
 }
 
@@ -214,25 +277,6 @@ export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger,
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */
 export function honoListener(fetch: HonoFetch): RequestListener {
   return guardTargets(getRequestListener(fetch as never))
-}
-
-/** Reads the key material named by `auth` (files are read here, so the core stays runtime-neutral). */
-export function verificationKeys(auth: AuthConfig): VerificationKeys {
-  if (auth.jwks_url) return { kind: 'jwks', url: auth.jwks_url }
-  if (auth.public_keys) return { kind: 'public', keys: auth.public_keys.map((k) => ({ pem: readFileSync(k.file, 'utf8'), alg: k.alg })) }
-  return { kind: 'hmac', secret: auth.hs256_secret ?? '' }
-}
-
-/** The signer of `Fence-Attestation`, from `attestation.key_file`; undefined without an `attestation` section. */
-export async function attestationSigner(config: Pick<Config, 'attestation'>): Promise<AttestationSigner | undefined> {
-  if (!config.attestation) return undefined
-  let pem: string
-  try {
-    pem = readFileSync(config.attestation.key_file, 'utf8')
-  } catch (err) {
-    throw new ConfigError([`attestation.key_file: cannot read ${config.attestation.key_file} (${(err as { code?: string }).code ?? 'error'})`])
-  }
-  return createAttestationSigner(config.attestation, pem)
 }
 
 /** Serves a request listener on Node. */

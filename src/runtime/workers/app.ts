@@ -38,30 +38,7 @@ export const adminPrefix = '/_admin/'
  * const res = await worker.fetch(request, ctx)
  */
 export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
-  const vars = stringBindings(env)
-  if (!vars.FENCEGATE_CONFIG) throw new ConfigError(['FENCEGATE_CONFIG: not set (the configuration as YAML or JSON text)'])
-  const config = configFromText(vars.FENCEGATE_CONFIG, vars)
-  const databaseUrl = databaseUrlOf(env, config, vars)
-  const adminOn = vars.FENCEGATE_ADMIN === 'on'
-  // The Node admin plane without auth is confined to loopback; a Worker has no loopback.
-  if (adminOn && config.auth.mode === 'none') throw new ConfigError(['FENCEGATE_ADMIN: the admin plane needs auth.mode: jwt on Workers'])
-  if (adminOn) {
-    const shadowed = config.routes.find((r) => r.path === adminPrefix.slice(0, -1) || r.path.startsWith(adminPrefix))
-    if (shadowed) throw new ConfigError([`routes: ${shadowed.name} is under ${adminPrefix}, which FENCEGATE_ADMIN=on serves`])
-  }
-
-  // A Worker's fetch takes no CA or client certificate per request: refused, never ignored.
-  const tlsRoute = config.routes.findIndex((r) => r.upstream_tls)
-  if (tlsRoute >= 0) {
-    throw new ConfigError([`routes[${tlsRoute}].upstream_tls: not supported on Workers (fetch trusts the platform's CAs and sends no client certificate); use Cloudflare's mTLS certificate binding in front of the upstream, or the Node gateway`])
-  }
-
-  // The durability checks live in a long-lived process: they need a reading of the store's
-  // replication and the position of the last acknowledged write, which no isolate keeps.
-  if (config.store.require_replicated) {
-    throw new ConfigError(['store.require_replicated: not supported on Workers (a Worker keeps no reading of the store\'s replication between requests); make the database refuse to acknowledge unreplicated commits instead (synchronous_commit with a synchronous standby, docs/operations.md#failover), or use the Node gateway'])
-  }
-
+  const { vars, config, databaseUrl, adminOn } = workerSettings(env)
   const log = createLogger(config.log.level)
   const authenticate = await createAuthenticator(config.auth, workerKeys(config.auth, vars))
   const attest = await workerAttestationSigner(config, vars)
@@ -100,6 +77,39 @@ export async function createWorker(env: WorkerEnv): Promise<FencegateWorker> {
     async close() {
       await Promise.all(closing)
     },
+  }
+}
+
+/** The configuration and the Worker's own variables, refusing what a Worker cannot honour. */
+function workerSettings(env: WorkerEnv): { vars: Record<string, string>; config: Config; databaseUrl: string; adminOn: boolean } {
+  const vars = stringBindings(env)
+  if (!vars.FENCEGATE_CONFIG) throw new ConfigError(['FENCEGATE_CONFIG: not set (the configuration as YAML or JSON text)'])
+  const config = configFromText(vars.FENCEGATE_CONFIG, vars)
+  const databaseUrl = databaseUrlOf(env, config, vars)
+  const adminOn = vars.FENCEGATE_ADMIN === 'on'
+  refuseUnsupported(config, adminOn)
+  return { vars, config, databaseUrl, adminOn }
+}
+
+/** Settings a Worker cannot honour are refused at start, never ignored. */
+function refuseUnsupported(config: Config, adminOn: boolean): void {
+  // The Node admin plane without auth is confined to loopback; a Worker has no loopback.
+  if (adminOn && config.auth.mode === 'none') throw new ConfigError(['FENCEGATE_ADMIN: the admin plane needs auth.mode: jwt on Workers'])
+  if (adminOn) {
+    const shadowed = config.routes.find((r) => r.path === adminPrefix.slice(0, -1) || r.path.startsWith(adminPrefix))
+    if (shadowed) throw new ConfigError([`routes: ${shadowed.name} is under ${adminPrefix}, which FENCEGATE_ADMIN=on serves`])
+  }
+
+  // A Worker's fetch takes no CA or client certificate per request: refused, never ignored.
+  const tlsRoute = config.routes.findIndex((r) => r.upstream_tls)
+  if (tlsRoute >= 0) {
+    throw new ConfigError([`routes[${tlsRoute}].upstream_tls: not supported on Workers (fetch trusts the platform's CAs and sends no client certificate); use Cloudflare's mTLS certificate binding in front of the upstream, or the Node gateway`])
+  }
+
+  // The durability checks live in a long-lived process: they need a reading of the store's
+  // replication and the position of the last acknowledged write, which no isolate keeps.
+  if (config.store.require_replicated) {
+    throw new ConfigError(['store.require_replicated: not supported on Workers (a Worker keeps no reading of the store\'s replication between requests); make the database refuse to acknowledge unreplicated commits instead (synchronous_commit with a synchronous standby, docs/operations.md#failover), or use the Node gateway'])
   }
 }
 

@@ -1,4 +1,4 @@
-import { ForwardError, type Forward } from '../../gateway/forward.js'
+import { ForwardError, type Forward, type ForwardRequest } from '../../gateway/forward.js'
 import { webHeaders } from '../../http/exchange.js'
 
 export interface FetchForwardOptions {
@@ -50,38 +50,17 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
   const send = options.fetch ?? ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, init))
 
   return async ({ route, target, method, headers, body: given }) => {
-    // Web inbounds pass bytes or a Web stream; an async iterable of chunks is Node's alone.
-    if (given !== null && !(given instanceof Uint8Array) && !(given instanceof ReadableStream)) throw new TypeError('the fetch forward sends bytes or a ReadableStream')
-    let body: Uint8Array | ReadableStream<Uint8Array> | null = given
-    const outgoing = webHeaders(headers)
-    outgoing.set('accept-encoding', offered)
-    // The gateway's own server already answered any 100-continue; undici's fetch refuses the header.
-    outgoing.delete('expect')
-    if ((method === 'GET' || method === 'HEAD') && body !== null) {
-      // fetch cannot send a body with GET or HEAD; refusing is better than silently dropping it.
-      if (body instanceof ReadableStream || body.byteLength > 0) throw new ForwardError('unreachable', false)
-      body = null
-    }
-
+    const { outgoing, body } = outgoingRequest(method, headers, given)
     const abort = new AbortController()
-    let timer = setTimeout(() => abort.abort(), route.timeout_ms)
-    let res: Response
-    try {
-      res = await send(route.upstream.origin + route.upstream.basePath + target, {
-        method,
-        headers: outgoing,
-        body: body as BodyInit | null,
-        redirect: 'manual',
-        signal: abort.signal,
-        // Node's fetch requires it for a streamed body; Workers ignores it.
-        ...(body instanceof ReadableStream ? { duplex: 'half' } : {}),
-      } as RequestInit)
-    } catch (err) {
-      throw classify(err, abort.signal.aborted)
-    } finally {
-      clearTimeout(timer)
-    }
-
+    const res = await sendTimed(send, route.upstream.origin + route.upstream.basePath + target, {
+      method,
+      headers: outgoing,
+      body: body as BodyInit | null,
+      redirect: 'manual',
+      signal: abort.signal,
+      // Node's fetch requires it for a streamed body; Workers ignores it.
+      ...(body instanceof ReadableStream ? { duplex: 'half' } : {}),
+    } as RequestInit, abort, route.timeout_ms)
     const responseHeaders = new Headers(res.headers)
     const encoding = responseHeaders.get('content-encoding')
     if (res.body !== null && encoding !== null && isDecoded(encoding)) {
@@ -89,29 +68,61 @@ export function createFetchForward(options: FetchForwardOptions = {}): Forward {
       responseHeaders.delete('content-length')
     }
     if (res.body === null) return { status: res.status, headers: responseHeaders, body: null }
-
-    // undici's bodyTimeout, by hand: a body that stalls for timeout_ms fails instead of hanging.
-    const chunks = res.body.getReader()
-    const stream = new ReadableStream<Uint8Array>({
-      async pull(controller) {
-        timer = setTimeout(() => abort.abort(), route.timeout_ms)
-        try {
-          const { value, done } = await chunks.read()
-          if (done) controller.close()
-          else controller.enqueue(value)
-        } catch (err) {
-          controller.error(err)
-        } finally {
-          clearTimeout(timer)
-        }
-      },
-      async cancel(reason) {
-        clearTimeout(timer)
-        await chunks.cancel(reason).catch(() => {})
-      },
-    }, { highWaterMark: 0 })
-    return { status: res.status, headers: responseHeaders, body: stream }
+    return { status: res.status, headers: responseHeaders, body: timedBody(res.body, abort, route.timeout_ms) }
   }
+}
+
+/** The headers and body fetch can send: only gzip offered, and never a body with GET or HEAD. */
+function outgoingRequest(method: string, headers: ForwardRequest['headers'], given: ForwardRequest['body']): { outgoing: Headers; body: Uint8Array | ReadableStream<Uint8Array> | null } {
+  // Web inbounds pass bytes or a Web stream; an async iterable of chunks is Node's alone.
+  if (given !== null && !(given instanceof Uint8Array) && !(given instanceof ReadableStream)) throw new TypeError('the fetch forward sends bytes or a ReadableStream')
+  let body: Uint8Array | ReadableStream<Uint8Array> | null = given
+  const outgoing = webHeaders(headers)
+  outgoing.set('accept-encoding', offered)
+  // The gateway's own server already answered any 100-continue; undici's fetch refuses the header.
+  outgoing.delete('expect')
+  if ((method === 'GET' || method === 'HEAD') && body !== null) {
+    // fetch cannot send a body with GET or HEAD; refusing is better than silently dropping it.
+    if (body instanceof ReadableStream || body.byteLength > 0) throw new ForwardError('unreachable', false)
+    body = null
+  }
+  return { outgoing, body }
+}
+
+/** Sends with our own timer on the wait for the response headers; a failure is classified (see `notSent`). */
+async function sendTimed(send: typeof fetch, url: string, init: RequestInit, abort: AbortController, timeoutMs: number): Promise<Response> {
+  const timer = setTimeout(() => abort.abort(), timeoutMs)
+  try {
+    return await send(url, init)
+  } catch (err) {
+    throw classify(err, abort.signal.aborted)
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/** undici's bodyTimeout, by hand: a body that stalls for `timeoutMs` fails instead of hanging. */
+function timedBody(body: ReadableStream<Uint8Array>, abort: AbortController, timeoutMs: number): ReadableStream<Uint8Array> {
+  const chunks = body.getReader()
+  let timer: ReturnType<typeof setTimeout> | undefined
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      timer = setTimeout(() => abort.abort(), timeoutMs)
+      try {
+        const { value, done } = await chunks.read()
+        if (done) controller.close()
+        else controller.enqueue(value)
+      } catch (err) {
+        controller.error(err)
+      } finally {
+        clearTimeout(timer)
+      }
+    },
+    async cancel(reason) {
+      clearTimeout(timer)
+      await chunks.cancel(reason).catch(() => {})
+    },
+  }, { highWaterMark: 0 })
 }
 
 function isDecoded(contentEncoding: string): boolean {
