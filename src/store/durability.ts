@@ -57,13 +57,11 @@ export interface AckedPosition {
  * acknowledged write, and a refusal one worker reaches holds for all of them.
  */
 export interface DurabilityPeers {
-  /** A refusal another worker reached before this one started (a restarted worker inherits it). */
-  refusing?: { code: DurabilityRefusalCode; detail: string }
   /** Every other live worker's last acknowledged write, or undefined when one did not answer. */
   acknowledged(): Promise<(AckedPosition | undefined)[] | undefined>
   /** Tells the other workers, and those started later, that this gateway refuses. */
   refuse(code: DurabilityRefusalCode, detail: string): void
-  /** Receives a refusal another worker reached. */
+  /** Receives a refusal another worker reached, at once if one was reached before (a restarted worker inherits it). */
   onRefusal(handler: (code: DurabilityRefusalCode, detail: string) => void): void
 }
 
@@ -138,7 +136,6 @@ class DurabilityWatch implements Durability {
     this.requireReplicated = options.requireReplicated
     this.peers = options.peers
     this.readTimeoutMs = options.readTimeoutMs ?? 1000
-    if (this.peers?.refusing) this.refuse(this.peers.refusing.code, this.peers.refusing.detail)
     this.peers?.onRefusal((code, detail) => {
       if (!this.refusal) this.log.error(code, { reached_by: 'another worker' })
       this.refuse(code, detail)

@@ -58,22 +58,23 @@ export interface StoreState {
   timeline: number
   boot: string
   insertLsn: string
-  /** synchronous_commit waits for a standby, one is named, one streams as `sync` or `quorum`, and no commit has waited for it over a second. */
+  /** synchronous_commit waits for a standby, one is named, and one streams as `sync` or `quorum` and keeps up (or replied within a second). */
   replicated: boolean
 }
 
 /**
- * How long a commit may wait for its synchronous standby (`SyncRep`) before replication counts
- * as lost. A standby cut off by the network still reads as `streaming` until the primary's
- * `wal_sender_timeout` (60 s by default); the commits waiting on it are what shows at once.
+ * How long a synchronous standby that is behind the primary's flushed WAL may go without
+ * replying before it counts as gone. A standby cut off by the network still reads as
+ * `streaming` until the primary's `wal_sender_timeout` (60 s by default), while commits wait
+ * for it; one that keeps up replies after each flush it receives, and an idle one is not
+ * behind (its status replies come only every `wal_receiver_status_interval`, 10 s).
  */
-const syncRepStuckMs = 1000
+const silentStandbyMs = 1000
 
 interface StateRow {
   synchronous_commit: string
   standby_names: string
   sync_streaming: number
-  sync_stuck: number
   recovery: boolean
   system_id: string
   wal_file: string | null
@@ -90,8 +91,8 @@ export async function readStoreState(db: Db): Promise<StoreState | undefined> {
   const [row] = await db.sql<StateRow>`
     SELECT current_setting('synchronous_commit') AS synchronous_commit,
       current_setting('synchronous_standby_names') AS standby_names,
-      (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum'))::int AS sync_streaming,
-      (SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query_start < now() - ${syncRepStuckMs} * interval '1 millisecond')::int AS sync_stuck,
+      (SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state IN ('sync', 'quorum')
+        AND (flush_lsn >= pg_current_wal_flush_lsn() OR reply_time > now() - ${silentStandbyMs} * interval '1 millisecond'))::int AS sync_streaming,
       pg_is_in_recovery() AS recovery,
       (SELECT system_identifier::text FROM pg_control_system()) AS system_id,
       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_insert_lsn()) END AS wal_file,
@@ -103,7 +104,7 @@ export async function readStoreState(db: Db): Promise<StoreState | undefined> {
     timeline: parseInt(row.wal_file.slice(0, 8), 16),
     boot: row.boot,
     insertLsn: row.insert_lsn,
-    replicated: !['off', 'local'].includes(row.synchronous_commit) && row.standby_names.trim() !== '' && row.sync_streaming > 0 && row.sync_stuck === 0,
+    replicated: !['off', 'local'].includes(row.synchronous_commit) && row.standby_names.trim() !== '' && row.sync_streaming > 0,
   }
 }
 

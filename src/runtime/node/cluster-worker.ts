@@ -1,7 +1,7 @@
 import cluster from 'node:cluster'
 import { AggregatorRegistry, type Registry } from 'prom-client'
 import type { AckedPosition, DurabilityPeers, DurabilityRefusalCode } from '../../store/durability.js'
-import type { ClusterMessage } from './supervisor.js'
+import { ackedAnswerMs, type ClusterMessage } from './supervisor.js'
 
 /**
  * A worker's side of `server.workers > 1` (src/runtime/node/supervisor.ts): its index (0 runs
@@ -35,13 +35,11 @@ export interface ClusterWorker {
 export function clusterWorker(): ClusterWorker | undefined {
   if (!cluster.isWorker || process.env.FENCEGATE_WORKER_INDEX === undefined) return undefined
   let live = 0
-  let next = 0
-  const pending = new Map<number, (text: string | undefined) => void>()
-  const peers = durabilityPeers()
+  const supervisor = supervisorRequests()
+  const peers = durabilityPeers(supervisor.ask)
   process.on('message', (message: ClusterMessage) => {
     if (message?.fencegate === 'workers') live = message.live
-    else if (message?.fencegate === 'metrics') pending.get(message.id)?.(message.text)
-    else peers.receive(message)
+    else if (!supervisor.answered(message)) peers.receive(message)
   })
   return {
     index: Number(process.env.FENCEGATE_WORKER_INDEX),
@@ -52,19 +50,10 @@ export function clusterWorker(): ClusterWorker | undefined {
       // Its constructor installs the worker's answer to the supervisor's requests.
       void new AggregatorRegistry()
     },
-    aggregate() {
-      const id = next++
-      return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => settle(undefined), 6000)
-        const settle = (text: string | undefined) => {
-          clearTimeout(timer)
-          pending.delete(id)
-          if (text === undefined) reject(new Error('the supervisor did not sum the workers\' metrics'))
-          else resolve(text)
-        }
-        pending.set(id, settle)
-        process.send!({ fencegate: 'metrics', id } satisfies ClusterMessage)
-      })
+    async aggregate() {
+      const answer = await supervisor.ask((id) => ({ fencegate: 'metrics', id }), 6000)
+      if (answer?.fencegate !== 'metrics' || answer.text === undefined) throw new Error('the supervisor did not sum the workers\' metrics')
+      return answer.text
     },
     ready: () => void process.send!({ fencegate: 'ready' } satisfies ClusterMessage),
     peers: peers.peers,
@@ -72,32 +61,78 @@ export function clusterWorker(): ClusterWorker | undefined {
   }
 }
 
-/** The worker's side of the durability questions the supervisor relays between workers. */
-function durabilityPeers() {
+type Ask = (message: (id: number) => ClusterMessage, ms: number) => Promise<ClusterMessage | undefined>
+
+/** Requests to the supervisor, each answered by a message with its id, or by undefined after `ms`. */
+function supervisorRequests() {
   let next = 0
-  const asked = new Map<number, (positions: (AckedPosition | null)[] | undefined) => void>()
-  let onRefusal: (code: DurabilityRefusalCode, detail: string) => void = () => {}
-  const inherited = process.env.FENCEGATE_REFUSING
+  const pending = new Map<number, (answer: ClusterMessage | undefined) => void>()
+  const ask: Ask = (message, ms) => new Promise((resolve) => {
+    const id = next++
+    const timer = setTimeout(() => settle(undefined), ms)
+    const settle = (answer: ClusterMessage | undefined) => {
+      clearTimeout(timer)
+      pending.delete(id)
+      resolve(answer)
+    }
+    pending.set(id, settle)
+    process.send!(message(id))
+  })
+  return {
+    ask,
+    /** Settles the request `message` answers; false when it answers none (it is not a reply). */
+    answered(message: ClusterMessage): boolean {
+      const reply = (message?.fencegate === 'metrics' || (message?.fencegate === 'acked' && message.from === undefined)) ? pending.get(message.id) : undefined
+      reply?.(message)
+      return reply !== undefined
+    },
+  }
+}
+
+const refusalCodes: readonly DurabilityRefusalCode[] = ['store_not_replicated', 'store_identity_changed', 'store_lost_commits']
+
+/** The refusal the supervisor passed at fork (`FENCEGATE_REFUSING`), if it is one. */
+function inheritedRefusal(): { code: DurabilityRefusalCode; detail: string } | undefined {
+  try {
+    const value = JSON.parse(process.env.FENCEGATE_REFUSING || 'null') as { code?: unknown; detail?: unknown } | null
+    if (value && refusalCodes.includes(value.code as DurabilityRefusalCode) && typeof value.detail === 'string') return { code: value.code as DurabilityRefusalCode, detail: value.detail }
+  } catch {
+    // Only the supervisor writes it, always as JSON.
+  }
+  return undefined
+}
+
+/**
+ * The worker's side of the durability questions the supervisor relays between workers. A
+ * refusal that arrives (or was inherited at fork) before the store's watch exists is kept and
+ * handed to it when it registers.
+ */
+function durabilityPeers(ask: Ask) {
+  let received = inheritedRefusal()
+  let onRefusal: ((code: DurabilityRefusalCode, detail: string) => void) | undefined
   const state = {
     own: (): AckedPosition | undefined => undefined,
     peers: {
-      ...(inherited ? { refusing: JSON.parse(inherited) as { code: DurabilityRefusalCode; detail: string } } : {}),
-      acknowledged: () => new Promise<(AckedPosition | undefined)[] | undefined>((resolve) => {
-        const id = next++
-        asked.set(id, (positions) => resolve(positions?.map((p) => p ?? undefined)))
-        process.send!({ fencegate: 'acked?', id } satisfies ClusterMessage)
-      }),
+      async acknowledged() {
+        // Longer than the supervisor's own wait, so its answer (complete or not) arrives first.
+        const answer = await ask((id) => ({ fencegate: 'acked?', id }), 2 * ackedAnswerMs)
+        if (answer?.fencegate !== 'acked' || !answer.positions) return undefined
+        return answer.positions.map((p) => p ?? undefined)
+      },
       refuse: (code, detail) => void process.send!({ fencegate: 'refuse', code, detail } satisfies ClusterMessage),
-      onRefusal: (handler) => void (onRefusal = handler),
+      onRefusal(handler) {
+        onRefusal = handler
+        if (received) handler(received.code, received.detail)
+      },
     } satisfies DurabilityPeers,
     receive(message: ClusterMessage) {
       if (message?.fencegate === 'acked?' && message.from !== undefined) {
         const position = state.own()
         process.send!({ fencegate: 'acked', id: message.id, from: message.from, ...(position ? { position } : {}) } satisfies ClusterMessage)
-      } else if (message?.fencegate === 'acked' && message.from === undefined) {
-        asked.get(message.id)?.(message.positions)
-        asked.delete(message.id)
-      } else if (message?.fencegate === 'refuse') onRefusal(message.code, message.detail)
+      } else if (message?.fencegate === 'refuse') {
+        received ??= { code: message.code, detail: message.detail }
+        onRefusal?.(message.code, message.detail)
+      }
     },
   }
   return state

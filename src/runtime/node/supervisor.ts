@@ -29,8 +29,11 @@ export type ClusterMessage =
   /** A worker refuses every command (src/store/durability.ts): so do all of them, restarted ones included. */
   | { fencegate: 'refuse'; code: DurabilityRefusalCode; detail: string }
 
-/** How long the supervisor waits for the workers' acknowledged writes before the asker fails closed. */
-const ackedAnswerMs = 1000
+/**
+ * How long the supervisor waits for the workers' acknowledged writes before the asker fails
+ * closed: a worker's event loop may stall for a while on busy cores during a failover.
+ */
+export const ackedAnswerMs = 2000
 
 export interface SupervisorOptions {
   count: number
@@ -128,8 +131,9 @@ class Supervisor {
   }
 
   private fork(index: number, failures: number): void {
-    const refusing = this.refusing ? { FENCEGATE_REFUSING: JSON.stringify({ code: this.refusing.code, detail: this.refusing.detail }) } : {}
-    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(this.o.count), ...refusing })
+    // Always set, so a value in the supervisor's own environment never reaches a worker.
+    const refusing = this.refusing ? JSON.stringify({ code: this.refusing.code, detail: this.refusing.detail }) : ''
+    const worker = cluster.fork({ FENCEGATE_WORKER_INDEX: String(index), FENCEGATE_WORKERS: String(this.o.count), FENCEGATE_REFUSING: refusing })
     this.slots.set(index, { worker, startedAt: performance.now(), failures, ready: false })
     worker.on('message', (message: ClusterMessage) => this.onMessage(index, worker, message))
     worker.on('exit', (code, signal) => this.onExit(index, worker, code, signal))
@@ -159,10 +163,10 @@ class Supervisor {
     } else if (message?.fencegate === 'metrics') {
       answerMetrics(this.aggregator, worker, message.id)
     } else if (message?.fencegate === 'acked?') {
-      const others = [...this.slots].filter(([i, s]) => i !== index && s.ready && s.worker.isConnected()).map(([i, s]) => ({ index: i, worker: s.worker }))
-      this.acked.ask(worker, message.id, index, others)
+      const others = [...this.slots.values()].filter((s) => s.worker !== worker && s.ready && s.worker.isConnected()).map((s) => s.worker)
+      this.acked.ask(worker, message.id, others)
     } else if (message?.fencegate === 'acked' && message.from !== undefined) {
-      this.acked.answer(message.from, message.id, index, message.position)
+      this.acked.answer(message.from, message.id, worker.id, message.position)
     } else if (message?.fencegate === 'refuse') {
       this.refusing ??= message
       for (const [i, s] of this.slots) if (i !== index && s.worker.isConnected()) s.worker.send(message satisfies ClusterMessage)
@@ -172,6 +176,8 @@ class Supervisor {
   private onExit(index: number, worker: Worker, code: number | null, signal: string | null): void {
     const slot = this.slots.get(index)
     if (slot?.worker !== worker) return
+    // It can no longer say what it acknowledged: the questions waiting for it fail closed now.
+    this.acked.gone(worker.id)
     this.broadcast()
     if (this.stopping) {
       if (this.allDead()) this.resolveExit(this.exitCode)
@@ -191,6 +197,7 @@ class Supervisor {
 interface AckedQuery {
   asker: Worker
   id: number
+  /** The cluster ids of the workers yet to answer. */
   waiting: Set<number>
   positions: (AckedPosition | null)[]
   timer: ReturnType<typeof setTimeout>
@@ -198,33 +205,46 @@ interface AckedQuery {
 
 /**
  * A worker's question "what did the others acknowledge?": asked of every other live worker,
- * answered once all have said, or without positions after `ackedAnswerMs` (the asker then
- * fails closed). A worker that dies meanwhile counts as not answering.
+ * answered once all have said, or without positions (the asker then fails closed) after
+ * `ackedAnswerMs` or as soon as one of them exits. Keyed by the asker's cluster id, which no
+ * restarted worker reuses.
  */
 class AckedQueries {
   private readonly open = new Map<string, AckedQuery>()
 
-  ask(asker: Worker, id: number, from: number, others: { index: number; worker: Worker }[]): void {
-    const key = `${from}:${id}`
-    const timer = setTimeout(() => this.settle(key, false), ackedAnswerMs)
-    this.open.set(key, { asker, id, waiting: new Set(others.map((o) => o.index)), positions: [], timer })
-    for (const o of others) o.worker.send({ fencegate: 'acked?', id, from } satisfies ClusterMessage)
-    if (others.length === 0) this.settle(key, true)
+  ask(asker: Worker, id: number, others: Worker[]): void {
+    const key = `${asker.id}:${id}`
+    const query: AckedQuery = { asker, id, waiting: new Set(others.map((o) => o.id)), positions: [], timer: setTimeout(() => this.settle(key, query, false), ackedAnswerMs) }
+    this.open.set(key, query)
+    for (const o of others) o.send({ fencegate: 'acked?', id, from: asker.id } satisfies ClusterMessage)
+    if (others.length === 0) this.settle(key, query, true)
   }
 
-  answer(from: number, id: number, by: number, position: AckedPosition | undefined): void {
-    const query = this.open.get(`${from}:${id}`)
+  answer(askerId: number, id: number, by: number, position: AckedPosition | undefined): void {
+    const key = `${askerId}:${id}`
+    const query = this.open.get(key)
     if (!query?.waiting.delete(by)) return
     query.positions.push(position ?? null)
-    if (query.waiting.size === 0) this.settle(`${from}:${id}`, true)
+    if (query.waiting.size === 0) this.settle(key, query, true)
   }
 
-  private settle(key: string, answered: boolean): void {
-    const query = this.open.get(key)
-    if (!query) return
-    this.open.delete(key)
-    clearTimeout(query.timer)
+  /** A worker exited: what it was asked goes unanswered, and what it asked is dropped. */
+  gone(workerId: number): void {
+    for (const [key, query] of this.open) {
+      if (query.asker.id === workerId) this.drop(key, query)
+      else if (query.waiting.has(workerId)) this.settle(key, query, false)
+    }
+  }
+
+  private settle(key: string, query: AckedQuery, answered: boolean): void {
+    if (this.open.get(key) !== query) return
+    this.drop(key, query)
     const reply: ClusterMessage = { fencegate: 'acked', id: query.id, ...(answered ? { positions: query.positions } : {}) }
     if (query.asker.isConnected()) query.asker.send(reply)
+  }
+
+  private drop(key: string, query: AckedQuery): void {
+    this.open.delete(key)
+    clearTimeout(query.timer)
   }
 }
