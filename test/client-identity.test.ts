@@ -55,6 +55,14 @@ describe('the SDK reads its worker id from its token', () => {
     await expect(client.work({ workerId: 'host-b', signal: new AbortController().signal }, () => undefined)).rejects.toMatchObject({ code: 'worker_mismatch' })
     expect(sent).toBe(0)
   })
+
+  it('regression: a sub too long for its slot suffix failed every claim; work() now refuses it before sending', async () => {
+    let sent = 0
+    const fetchImpl: FetchLike = async () => { sent++; return new Response(null, { status: 204 }) }
+    const client = new FencegateClient({ baseUrl: 'http://127.0.0.1:9', token: await token({ sub: 'h'.repeat(250) }), fetch: fetchImpl })
+    await expect(client.work({ concurrency: 2, signal: new AbortController().signal }, () => undefined)).rejects.toMatchObject({ code: 'invalid_option' })
+    expect(sent).toBe(0)
+  })
 })
 
 describe.each(backends())('work() under auth.mode jwt on $name', (backend) => {

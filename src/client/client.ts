@@ -1,6 +1,6 @@
 import { FencegateClientError } from './errors.js'
 import { JobApi, monotonic, type FetchLike } from './http.js'
-import { slotId, subjectOf, workerIdFor } from './identity.js'
+import { maxWorkerIdLength, slotId, subjectOf, workerIdFor } from './identity.js'
 import { Lease } from './lease.js'
 import type { Job } from './types.js'
 import { Slots } from './slots.js'
@@ -175,6 +175,8 @@ export class FencegateClient {
     const concurrency = options.concurrency ?? 1
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new FencegateClientError('invalid_option', 'concurrency must be a positive integer')
     const id = this.idFor(options.workerId)
+    // The gateway takes worker ids of at most 255 characters: a long sub would fail every claim, forever.
+    if (slotId(id, concurrency).length > maxWorkerIdLength) throw new FencegateClientError('invalid_option', `the worker id ${JSON.stringify(id)} with its slot suffix ("/slot-${concurrency}") is over ${maxWorkerIdLength} characters, which the gateway refuses`)
     const base: ClaimOptions = { wait: options.claimWait ?? 5, ...(options.types ? { types: options.types } : {}) }
     // One slot claims one job at a time, as it always has; more claim in batches for the free slots,
     // each job under its own slot's id, so the server records which slot holds which lease.

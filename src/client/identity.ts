@@ -46,6 +46,9 @@ export function workerIdFor(explicit: string | undefined, subject: string | unde
   throw new FencegateClientError('worker_mismatch', `workerId ${JSON.stringify(explicit)} is not the token's sub ${JSON.stringify(subject)} or a slot of it ("${subject}/…"): the gateway would refuse it (403 worker_mismatch)`)
 }
 
+/** The longest worker id the gateway accepts (src/leases/api-body.ts). */
+export const maxWorkerIdLength = 255
+
 /**
  * The id of one slot of a `work()` loop: `<id>/slot-<n>`, n from 1. Under auth each slot is
  * still its token's worker (the gateway accepts `sub/…`), and each lease names the slot that holds it.

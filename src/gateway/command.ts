@@ -100,18 +100,17 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
 export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
   let body: unknown
   let parsed = false
-  const type = request.headers.get('content-type')
-  const form = isFormBody(type)
-  const multipart = type?.trimStart().toLowerCase().startsWith('multipart/') === true
   return {
     params,
     query: url.searchParams,
     headers: request.headers,
+    // The Content-Type is looked at only by a route that reads the body.
     body: () => {
-      if (multipart) throw new FencegateError('invalid_request', 'the route reads the body, and a multipart body is not read; send it as JSON or as a form')
+      const type = request.headers.get('content-type')
+      if (type?.trimStart().toLowerCase().startsWith('multipart/')) throw new FencegateError('invalid_request', 'the route reads the body, and a multipart body is not read; send it as JSON or as a form')
       if (!parsed) {
         parsed = true
-        body = form ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
+        body = isFormBody(type) ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
       }
       return body
     },
