@@ -113,4 +113,19 @@ describe.each(backends())('work() under auth.mode jwt on $name', (backend) => {
     expect([...rec.heartbeats.values()].flat().every((s) => s === 200)).toBe(true)
     expect(events.filter((e) => e.type === 'error' || e.type === 'lost')).toEqual([])
   })
+
+  it('with concurrency 1 the one slot is the sub itself', async () => {
+    const starter = new FencegateClient({ baseUrl: gw.url, token: await token({ sub: 'scheduler', scope: 'jobs:start' }) })
+    const { job_id } = await starter.start({ type: 'slotted', key: 'single' })
+    const client = new FencegateClient({ baseUrl: gw.url, token: await token({ sub: 'host-s', scope: 'jobs:work' }) })
+    const stop = new AbortController()
+    let owner: string | undefined
+    await client.work({ types: ['slotted'], signal: stop.signal, claimWait: 1, onEvent: (e) => e.type === 'completed' && stop.abort() }, async (_job, lease) => {
+      owner = lease.workerId
+      return { ok: true }
+    })
+    expect(owner).toBe('host-s')
+    const [row] = await t.db.sql<{ owner: string; state: string }>`SELECT owner, state FROM fg_jobs WHERE id = ${job_id}::bigint`
+    expect(row).toEqual({ owner: 'host-s', state: 'succeeded' })
+  })
 })

@@ -175,13 +175,15 @@ export class FencegateClient {
     const concurrency = options.concurrency ?? 1
     if (!Number.isInteger(concurrency) || concurrency < 1) throw new FencegateClientError('invalid_option', 'concurrency must be a positive integer')
     const id = this.idFor(options.workerId)
+    // One slot has nothing to tell apart: it claims as the worker id itself, as work() always has.
+    const slot = (n: number) => (concurrency === 1 ? id : slotId(id, n))
     // The gateway takes worker ids of at most 255 characters: a long sub would fail every claim, forever.
-    if (slotId(id, concurrency).length > maxWorkerIdLength) throw new FencegateClientError('invalid_option', `the worker id ${JSON.stringify(id)} with its slot suffix ("/slot-${concurrency}") is over ${maxWorkerIdLength} characters, which the gateway refuses`)
+    if (slot(concurrency).length > maxWorkerIdLength) throw new FencegateClientError('invalid_option', `the worker id ${JSON.stringify(id)} with its slot suffix ("/slot-${concurrency}") is over ${maxWorkerIdLength} characters, which the gateway refuses`)
     const base: ClaimOptions = { wait: options.claimWait ?? 5, ...(options.types ? { types: options.types } : {}) }
     // One slot claims one job at a time, as it always has; more claim in batches for the free slots,
     // each job under its own slot's id, so the server records which slot holds which lease.
     const claim: Claim = async (free) => {
-      const ids = free.map((n) => slotId(id, n))
+      const ids = free.map(slot)
       const claimed = await this.claimAs(ids, base, concurrency === 1 ? undefined : ids.length)
       return claimed.map((c, i) => ({ ...c, slot: free[ids.indexOf(c.lease.workerId)] ?? free[i]! }))
     }
