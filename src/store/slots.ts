@@ -74,9 +74,19 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
     if (stall !== undefined) clearTimeout(stall)
     stall = waiting.length > 0 ? setTimeout(failWaiting, probeMs) : undefined
   }
+  let servedCount = 0
+  // A process that was not scheduled for `probeMs` (a throttled container, a loaded host) runs
+  // its due timers before it reads the sockets that answered meanwhile: the waiters fail only
+  // if, once those are read (setImmediate runs after the poll phase), still nothing was served.
   const failWaiting = () => {
-    stall = undefined
-    for (const w of waiting.splice(0)) w.reject(refusal)
+    const servedBefore = servedCount
+    const fired = stall
+    setImmediate(() => {
+      if (stall !== fired) return // served meanwhile, and armed again
+      if (servedCount !== servedBefore) return armStall()
+      stall = undefined
+      for (const w of waiting.splice(0)) w.reject(refusal)
+    })
   }
 
   return {
@@ -95,6 +105,7 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
     },
     left(query, served) {
       if (!served) return
+      servedCount++
       if (query) backends.served((query as { state?: unknown }).state)
       if (waiting.length === 0) return
       waiting.shift()!.resolve()
