@@ -115,6 +115,21 @@ describe.skipIf(!bin)('a pool on a PostgreSQL with no connection slot left', () 
     }
   })
 
+  it('runs a statement whose new connection timed out after the live one went idle on that one, not failing it a connect timeout later', async () => {
+    // Nothing in flight wakes a waiter: it used to wait out a second connect timeout and fail.
+    const relay = await startHoldingRelay(cluster.port, 1)
+    const db = connectPostgres(relay.url, { max: 20, connectTimeoutMs: 300 })
+    try {
+      await db.sql`SELECT 1`
+      // The live connection runs the first; the second opens a connection that never comes up.
+      const rows = await Promise.all([db.sql<{ i: number }>`SELECT 1 AS i, pg_sleep(0.05)`, db.sql<{ i: number }>`SELECT 2 AS i`])
+      expect(rows.map((r) => r[0]!.i)).toEqual([1, 2])
+    } finally {
+      await db.close()
+      await relay.close()
+    }
+  })
+
   it('opens connections again once the server has slots: its probe is not refused', async () => {
     const db = connectPostgres(cluster.url, { max: 20, connectTimeoutMs: 500 })
     const burst = async () => new Set((await Promise.all(Array.from({ length: 40 }, () =>

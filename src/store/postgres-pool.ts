@@ -111,6 +111,7 @@ async function connected<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
   for (;;) {
     const client = current()
     let began = false
+    slots.entered()
     try {
       const result = await run(client, () => void (began = true))
       slots.left(undefined, true)
@@ -169,6 +170,7 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
   let waited = false
   for (;;) {
     const client = current()
+    slots.entered()
     const query = client(strings, ...params)
     try {
       const rows = (await query) as unknown as T[]

@@ -23,12 +23,14 @@ import { StoreError } from './db.js'
  * @example
  * const slots = createSlotGate(1000, 60_000)
  * // postgres.js's socket option: slots.mayOpen() ? connect(port, host) : heldSocket()
- * // a statement settled: slots.left(query, served)
+ * // a statement handed to postgres.js: slots.entered(); settled: slots.left(query, served)
  * // failed before it was sent: if (slots.held(err) || (refusedConnection(err) && slots.refused(err))) { await slots.turn(); retry }
  */
 export interface SlotGate {
   /** Whether a new connection may be opened now: always, but while the pool is held once per `probeMs`. */
   mayOpen(): boolean
+  /** A statement (or a transaction) is handed to postgres.js; each is followed by one `left`. */
+  entered(): void
   /**
    * A statement (or a transaction: no `query`) settled, `served` by a live connection or not
    * (a lost connection serves nothing); `query` carries postgres.js's stamp of that connection.
@@ -41,7 +43,9 @@ export interface SlotGate {
   /**
    * Resolves when a live connection next comes free; rejects with the refusal when none does
    * within `probeMs`. A statement that waited before and lost the connection it was woken for
-   * waits `again`, first in line.
+   * waits `again`, first in line. A first wait with no statement in flight resolves at once:
+   * nothing would wake it, and the live connections are idle (a statement whose new connection
+   * timed out after theirs had ended).
    */
   turn(again?: boolean): Promise<void>
   /** Whether the pool is held. */
@@ -75,6 +79,7 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
     stall = waiting.length > 0 ? setTimeout(failWaiting, probeMs) : undefined
   }
   let servedCount = 0
+  let running = 0
   // A process that was not scheduled for `probeMs` (a throttled container, a loaded host) runs
   // its due timers before it reads the sockets that answered meanwhile: the waiters fail only
   // if, once those are read (setImmediate runs after the poll phase), still nothing was served.
@@ -103,7 +108,11 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
       }
       return true
     },
+    entered() {
+      running++
+    },
     left(query, served) {
+      running--
       if (!served) return
       servedCount++
       if (query) backends.served((query as { state?: unknown }).state)
@@ -122,6 +131,7 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
     },
     held: (err) => err.driverCode === heldCode,
     turn: (again = false) => new Promise<void>((resolve, reject) => {
+      if (!again && running === 0) return resolve()
       if (again) waiting.unshift({ resolve, reject })
       else waiting.push({ resolve, reject })
       if (stall === undefined) armStall()
