@@ -1,6 +1,7 @@
 import cluster from 'node:cluster'
 import { AggregatorRegistry, type Registry } from 'prom-client'
 import type { AckedPosition, DurabilityPeers, DurabilityRefusalCode } from '../../store/durability.js'
+import { timeoutAfterIo } from './after-io.js'
 import { ackedAnswerMs, type ClusterMessage } from './supervisor.js'
 
 /**
@@ -69,9 +70,9 @@ function supervisorRequests() {
   const pending = new Map<number, (answer: ClusterMessage | undefined) => void>()
   const ask: Ask = (message, ms) => new Promise((resolve) => {
     const id = next++
-    const timer = setTimeout(() => settle(undefined), ms)
+    const timer = timeoutAfterIo(() => settle(undefined), ms)
     const settle = (answer: ClusterMessage | undefined) => {
-      clearTimeout(timer)
+      timer.cancel()
       pending.delete(id)
       resolve(answer)
     }

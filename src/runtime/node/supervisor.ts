@@ -2,6 +2,7 @@ import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, type RegistryContentType } from 'prom-client'
 import type { Logger } from '../../observe/log.js'
 import type { AckedPosition, DurabilityRefusalCode } from '../../store/durability.js'
+import { timeoutAfterIo } from './after-io.js'
 
 /**
  * `server.workers > 1`: the supervising process of a gateway. It opens no store and serves
@@ -200,7 +201,7 @@ interface AckedQuery {
   /** The cluster ids of the workers yet to answer. */
   waiting: Set<number>
   positions: (AckedPosition | null)[]
-  timer: ReturnType<typeof setTimeout>
+  timer: { cancel(): void }
 }
 
 /**
@@ -214,7 +215,7 @@ class AckedQueries {
 
   ask(asker: Worker, id: number, others: Worker[]): void {
     const key = `${asker.id}:${id}`
-    const query: AckedQuery = { asker, id, waiting: new Set(others.map((o) => o.id)), positions: [], timer: setTimeout(() => this.settle(key, query, false), ackedAnswerMs) }
+    const query: AckedQuery = { asker, id, waiting: new Set(others.map((o) => o.id)), positions: [], timer: timeoutAfterIo(() => this.settle(key, query, false), ackedAnswerMs) }
     this.open.set(key, query)
     for (const o of others) o.send({ fencegate: 'acked?', id, from: asker.id } satisfies ClusterMessage)
     if (others.length === 0) this.settle(key, query, true)
@@ -245,6 +246,6 @@ class AckedQueries {
 
   private drop(key: string, query: AckedQuery): void {
     this.open.delete(key)
-    clearTimeout(query.timer)
+    query.timer.cancel()
   }
 }

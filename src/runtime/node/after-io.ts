@@ -1,0 +1,24 @@
+/**
+ * A timeout that fires only after the I/O that arrived by then was read. Node runs its due
+ * timers before it polls sockets and pipes, so a process the host did not schedule for `ms`
+ * (a loaded or CPU-throttled container, as during a failover) would time out an answer that
+ * was already waiting in its pipe; `setImmediate` runs after the poll phase.
+ *
+ * @example
+ * const timer = timeoutAfterIo(() => settle(undefined), 2000)
+ * // the answer came: timer.cancel(); settle(answer)
+ */
+export function timeoutAfterIo(fire: () => void, ms: number): { cancel(): void } {
+  let cancelled = false
+  let immediate: ReturnType<typeof setImmediate> | undefined
+  const timer = setTimeout(() => {
+    immediate = setImmediate(() => cancelled || fire())
+  }, ms)
+  return {
+    cancel() {
+      cancelled = true
+      clearTimeout(timer)
+      if (immediate !== undefined) clearImmediate(immediate)
+    },
+  }
+}
