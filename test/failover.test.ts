@@ -178,6 +178,21 @@ describe.skipIf(!bin)('a store that fails over', () => {
     expect(onOld[0]!.recovery).toBe(true)
   })
 
+  it('target_session_attrs=primary with the standby listed first: the gateway writes to the primary, and after a promotion to the promoted standby', async () => {
+    pair = await startPair(bin!, { sync: false })
+    const gw = await start(`postgres://postgres@127.0.0.1:${pair.standby.port},127.0.0.1:${pair.primary.port}/postgres?target_session_attrs=primary`, [])
+    expect((await post(`${gw.dataUrl}/payments/a/capture`, '1')).status).toBe(200)
+    const onPrimary = await pair.query<{ highest: string }>(pair.primary, `SELECT highest_fence::text AS highest FROM fg_fences WHERE entity = 'invoice:a'`)
+    expect(onPrimary[0]!.highest).toBe('1')
+    await pair.streaming(pair.primary)
+    // A clean shutdown: the primary sends the standby every commit before it stops.
+    pair.primary.stop('fast')
+    pair.promote()
+    await until('served on the promoted standby', async () => (await post(`${gw.dataUrl}/payments/a/capture`, '2')).status === 200)
+    const onPromoted = await pair.query<{ highest: string }>(pair.standby, `SELECT highest_fence::text AS highest FROM fg_fences WHERE entity = 'invoice:a'`)
+    expect(onPromoted[0]!.highest).toBe('2')
+  })
+
   it('an old primary that turned read-only is left for the writable host of the URL: the refused write committed nothing and runs again there', async () => {
     pair = await startPair(bin!, { sync: true })
     const lines: LogLine[] = []
