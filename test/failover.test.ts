@@ -193,6 +193,18 @@ describe.skipIf(!bin)('a store that fails over', () => {
     expect(onPromoted[0]!.highest).toBe('2')
   })
 
+  it('synchronous_commit set on the gateway\'s role counts over the server\'s default: the durability reading is taken in the gateway\'s own session', async () => {
+    pair = await startPair(bin!, { sync: true })
+    await pair.query(pair.primary, 'ALTER SYSTEM SET synchronous_commit = local')
+    await pair.query(pair.primary, 'SELECT pg_reload_conf()')
+    await pair.query(pair.primary, 'CREATE ROLE fencegate LOGIN SUPERUSER')
+    await pair.query(pair.primary, 'ALTER ROLE fencegate SET synchronous_commit = on')
+    const asRole = await start(`postgres://fencegate@127.0.0.1:${pair.primary.port}/postgres`, [])
+    const asDefault = await start(`postgres://postgres@127.0.0.1:${pair.primary.port}/postgres`, [])
+    expect((await health(asRole)).durability).toBe('replicated')
+    expect((await health(asDefault)).durability).toBe('local')
+  })
+
   it('an old primary that turned read-only is left for the writable host of the URL: the refused write committed nothing and runs again there', async () => {
     pair = await startPair(bin!, { sync: true })
     const lines: LogLine[] = []
