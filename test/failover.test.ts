@@ -5,7 +5,7 @@ import { openDb, startGateway, type RunningGateway } from '../src/runtime/node/g
 import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post, route, testConfig } from './helpers/gateway.js'
 import { startPair, type ReplicatedPair } from './helpers/replicated.js'
-import { startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { gate, startKeyCountingUpstream } from './helpers/upstream.js'
 
 /**
@@ -191,6 +191,17 @@ describe.skipIf(!bin)('a store that fails over', () => {
     await until('served on the promoted standby', async () => (await post(`${gw.dataUrl}/payments/a/capture`, '2')).status === 200)
     const onPromoted = await pair.query<{ highest: string }>(pair.standby, `SELECT highest_fence::text AS highest FROM fg_fences WHERE entity = 'invoice:a'`)
     expect(onPromoted[0]!.highest).toBe('2')
+  })
+
+  it('a gateway pointed at the standby alone (or with target_session_attrs=any, the standby first) stops at start saying the node is read-only', async () => {
+    pair = await startPair(bin!, { sync: false })
+    for (const url of [`postgres://postgres@127.0.0.1:${pair.standby.port}/postgres`,
+      `postgres://postgres@127.0.0.1:${pair.standby.port},127.0.0.1:${pair.primary.port}/postgres?target_session_attrs=any`]) {
+      const config = writeConfig({ server: { port: 0, admin_port: 0 }, routes: [{ name: 'r', method: 'POST', path: '/x', upstream: 'http://127.0.0.1:1', fence: 'off' }] })
+      const res = await runCli(['serve', '--config', config, '--database-url', url])
+      expect(res.code, url).toBe(1)
+      expect(res.stderr, url).toContain('store failure (25006): the node is read-only (a hot standby')
+    }
   })
 
   it('synchronous_commit set on the gateway\'s role counts over the server\'s default: the durability reading is taken in the gateway\'s own session', async () => {

@@ -5,6 +5,8 @@
 // of 16 MiB took another 15 MiB off that peak at the same CPU per request (docs/benchmarks.md#memory).
 import { parseArgs, type ParseArgsConfig } from 'node:util'
 import { ConfigError } from '../config/schema.js'
+import { StoreError } from '../store/db.js'
+import { storeFailureHint } from '../store/failure-hints.js'
 import { MigrationError } from '../store/migrate.js'
 import { runAudit } from './audit.js'
 import { runMigrate } from './migrate.js'
@@ -179,7 +181,8 @@ async function main(argv: string[]): Promise<number> {
       console.error(`fencegate ${name}: ${(err as Error).message}\n\n${commandUsage(name, command)}`)
       return 2
     }
-    console.error(`fencegate ${name}: ${(err as Error).message ?? err}`)
+    const hint = err instanceof StoreError ? storeFailureHint(err) : undefined
+    console.error(`fencegate ${name}: ${(err as Error).message ?? err}${hint ? `: ${hint}` : ''}`)
     return 1
   }
 }
