@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { afterEach, describe, expect, it } from 'vitest'
-import { timeoutAfterIo } from '../src/runtime/node/after-io.js'
+import { timeoutAfterIo } from '../src/store/after-io.js'
 
 /**
  * The supervisor's and the workers' questions to each other (a failover's acknowledged

@@ -1,3 +1,4 @@
+import { timeoutAfterIo } from './after-io.js'
 import { StoreError } from './db.js'
 
 /**
@@ -72,26 +73,18 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
   let probed = false
   let refusedSinceProbe = false
   let refusal = new StoreError(noSlotLeft, undefined)
-  let stall: ReturnType<typeof setTimeout> | undefined
-
-  const armStall = () => {
-    if (stall !== undefined) clearTimeout(stall)
-    stall = waiting.length > 0 ? setTimeout(failWaiting, probeMs) : undefined
-  }
-  let servedCount = 0
   let running = 0
   // A process that was not scheduled for `probeMs` (a throttled container, a loaded host) runs
   // its due timers before it reads the sockets that answered meanwhile: the waiters fail only
-  // if, once those are read (setImmediate runs after the poll phase), still nothing was served.
+  // if nothing was served once those are read (`timeoutAfterIo`; each statement served re-arms).
+  let stall: { cancel(): void } | undefined
+  const armStall = () => {
+    stall?.cancel()
+    stall = waiting.length > 0 ? timeoutAfterIo(failWaiting, probeMs) : undefined
+  }
   const failWaiting = () => {
-    const servedBefore = servedCount
-    const fired = stall
-    setImmediate(() => {
-      if (stall !== fired) return // served meanwhile, and armed again
-      if (servedCount !== servedBefore) return armStall()
-      stall = undefined
-      for (const w of waiting.splice(0)) w.reject(refusal)
-    })
+    stall = undefined
+    for (const w of waiting.splice(0)) w.reject(refusal)
   }
 
   return {
@@ -114,11 +107,9 @@ export function createSlotGate(probeMs: number, liveMs: number): SlotGate {
     left(query, served) {
       running--
       if (!served) return
-      servedCount++
       if (query) backends.served((query as { state?: unknown }).state)
-      if (waiting.length === 0) return
-      waiting.shift()!.resolve()
-      armStall()
+      if (waiting.length > 0) waiting.shift()!.resolve()
+      if (stall !== undefined) armStall()
     },
     refused(err) {
       if (backends.live() === 0) return false

@@ -1,7 +1,7 @@
 import cluster from 'node:cluster'
 import { AggregatorRegistry, type Registry } from 'prom-client'
+import { timeoutAfterIo } from '../../store/after-io.js'
 import type { AckedPosition, DurabilityPeers, DurabilityRefusalCode } from '../../store/durability.js'
-import { timeoutAfterIo } from './after-io.js'
 import { ackedAnswerMs, type ClusterMessage } from './supervisor.js'
 
 /**

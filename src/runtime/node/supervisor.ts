@@ -1,8 +1,8 @@
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, type RegistryContentType } from 'prom-client'
 import type { Logger } from '../../observe/log.js'
+import { timeoutAfterIo } from '../../store/after-io.js'
 import type { AckedPosition, DurabilityRefusalCode } from '../../store/durability.js'
-import { timeoutAfterIo } from './after-io.js'
 
 /**
  * `server.workers > 1`: the supervising process of a gateway. It opens no store and serves
