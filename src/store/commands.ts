@@ -85,10 +85,9 @@ interface ReserveRow extends PositionRow {
  * in the same call, so a rejection costs one round trip. A duplicate of a completed
  * key whose fence equals the entity's highest (or that has no fence) is a replay that
  * moves nothing: the function answers it with a read before anything that writes, so
- * it costs no commit flush.
+ * it costs no commit flush. Commands with neither a key nor a lease take src/store/present.ts.
  */
 export async function reserve(db: Db, c: Command): Promise<Positioned> {
-  if (!c.idempotency && !c.leaseJob) return presentFence(db, c)
   const k = c.idempotency
   // The position columns come after the function has run: its writes are in them.
   const [row] = await db.sql<ReserveRow>`
@@ -100,35 +99,6 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
       ${k?.ownerToken ?? null}, ${k?.lockMs ?? null}::bigint, ${k?.ttlMs ?? null}::bigint, ${k?.retryUnknown ?? false}::boolean,
       ${c.leaseJob ?? null}::bigint, ${c.traceId ?? null}::text) r`
   return { reservation: decide(row!, c), position: readPosition(row) }
-}
-
-/**
- * The fence alone, for commands without a key or a lease: the same decision and
- * stale audit as in `reserve`, by `fg_present_fence` (migrations/0013_present_fence_function.sql,
- * 0014, 0016; 0017 made its raise cheaper).
- * Most fenced traffic takes this path.
- *
- * A fence the function's read already shows as the highest (or below it) is decided
- * by that read alone: the highest never falls, so an equal fence is accepted and a lower
- * one is stale, and neither writes the fence row. Only a fence above it (or an entity's
- * first) goes through the upsert, whose row lock re-checks it against the latest committed
- * value. A holder's repeated calls at its fence then cost a read and no commit flush, where
- * writing the row each time cost ~2.5x the PostgreSQL CPU. A function rather than the
- * statement itself: postgres.js rebuilds and hashes a statement's text on every call, and
- * the 2 KB statement cost the gateway more CPU and allocation than any other step.
- */
-async function presentFence(db: Db, c: Command): Promise<Positioned> {
-  // Target-list items are evaluated in order: the position is read after the function wrote.
-  // The trace id by name: this call has no key to pass before it (p_key keeps its default).
-  const [row] = await db.sql<{ highest: string } & PositionRow>`
-    SELECT fg_present_fence(${c.tenant}, ${c.route}, ${c.entity}, ${c.fence}::bigint, ${c.method}, ${c.path},
-      ${c.bodySha256}, ${c.caller}, ${c.requestId}, p_trace_id => ${c.traceId ?? null}::text)::text AS highest,
-      pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
-      CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS fg_lsn,
-      extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot`
-  const highest = row!.highest
-  const reservation: Reservation = BigInt(highest) > BigInt(c.fence!) ? { kind: 'stale', highest } : { kind: 'proceed', highest }
-  return { reservation, position: readPosition(row) }
 }
 
 function decide(row: ReserveRow, c: Command): Reservation {

@@ -6,6 +6,7 @@ import { createCompleter, type Completion, type Schedule } from './completions.j
 import { listAudit, purgeAudit, recordRejection, summarizeAudit, type AuditBucket, type AuditFilter, type AuditItem, type AuditQuery, type Rejection } from './audit.js'
 import { listFenceHistory, purgeFenceHistory, type FenceChange, type FenceHistoryQuery } from './fence-history.js'
 import { reserve, type Command, type Reservation } from './commands.js'
+import { createPresenter } from './present.js'
 import { getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, type EntityKey, type Held, type KeyRelease, type KeyState } from './keys.js'
 
 export type { AuditBucket, AuditFilter, AuditItem, AuditQuery, Rejection } from './audit.js'
@@ -28,8 +29,8 @@ export type { Held, KeyRelease, KeyState } from './keys.js'
 
 /**
  * Everything the gateway asks of its database. Each method is one statement,
- * so each decision is atomic and costs one round trip; `complete` may share its
- * statement with the other completions of the same scheduled turn.
+ * so each decision is atomic and costs one round trip; a fence without a key, and `complete`,
+ * may share a statement with the others of the same scheduled turn.
  */
 export interface Store {
   /** Presents the fence and reserves the idempotency key, in one call and one transaction (see commands.ts). */
@@ -66,8 +67,8 @@ export interface Store {
 
 export interface StoreOptions {
   /**
-   * When a batch of completions is written (see completions.ts). Node passes
-   * `setImmediate`: every completion of one event-loop turn shares a statement.
+   * When a batch of fences or completions is written (see present.ts, completions.ts). Node
+   * passes `setImmediate`: every fence, and every completion, of one event-loop turn shares a statement.
    */
   schedule?: Schedule
   /**
@@ -88,9 +89,12 @@ export interface StoreOptions {
 export function createStore(db: Db, options: StoreOptions = {}): Store {
   const durability = options.durability ?? localDurability
   const completer = createCompleter(db, options.schedule, durability)
+  const presenter = createPresenter(db, options.schedule)
+  // A fence alone may share its statement with the other fences of the turn (present.ts).
+  const decide = (c: Command) => (c.idempotency || c.leaseJob ? reserve(db, c) : presenter.present(c))
   return {
     async reserve(command) {
-      return (await durably(durability, () => reserve(db, command), (r) => r.position)).reservation
+      return (await durably(durability, () => decide(command), (r) => r.position)).reservation
     },
     complete: completer.complete,
     release: (held) => release(db, held),
@@ -123,7 +127,8 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
     },
 
     async close() {
-      // A completion still waiting for its turn's flush is written before the connections go.
+      // A fence or a completion still waiting for its turn's flush is written before the connections go.
+      await presenter.drain()
       await completer.drain()
       await db.close()
     },
