@@ -48,8 +48,11 @@ describe('bench report', () => {
       ['hand-fence', [sample(1, 800, { proxy: 150, postgres: 50, p99: 20 })]],
       ['fg-off', [sample(1, 850, { proxy: 131, p99: 20 })]],
       ['fg-spread', [sample(1, 790, { postgres: 55, p99: 41 })]],
+      ['fg-raise', [sample(1, 730, { postgres: 66, p99: 30 })]],
     ])
     const checks = new Map(targets(results, cases, 140_000, true).map((t) => [t.target, t.met]))
+    expect(checks.get('fg-raise req/s >= 90% of hand-fence')).toBe(true)
+    expect(checks.get('fg-raise PostgreSQL CPU/req <= 1.3x hand-fence\'s')).toBe(false)
     expect(checks.get('fg-off req/s >= 85% of bare-node')).toBe(true)
     expect(checks.get('fg-off gateway CPU/req <= 1.3x bare-node\'s')).toBe(false)
     expect(checks.get('fg-spread req/s >= 100% of hand-fence')).toBe(false)
