@@ -139,6 +139,18 @@ describe.each(backends())('identity and tenants on $name', (backend) => {
   })
 })
 
+describe('the caller', () => {
+  // A subject longer than the 256 units kept was cut inside a surrogate pair: the lone half
+  // went to the store as U+FFFD, and failed the JSON of a batch of fences (src/store/present.ts).
+  it('keeps at most 256 UTF-16 units of the subject, never half of a surrogate pair', async () => {
+    const authenticate = await hmacAuthenticator()
+    const caller = async (sub: string) => (await authenticate(new Request('http://x/', { headers: await bearer({ sub }) }))).caller
+    expect(await caller(`${'w'.repeat(255)}\u{1F600}tail`)).toBe('w'.repeat(255))
+    expect(await caller(`${'w'.repeat(254)}\u{1F600}tail`)).toBe(`${'w'.repeat(254)}\u{1F600}`)
+    expect(await caller('worker-1')).toBe('worker-1')
+  })
+})
+
 describe('asymmetric keys', () => {
   it('verifies ES256 tokens from public_keys and refuses an HS256 token signed with the public key', async () => {
     const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true })

@@ -89,10 +89,19 @@ export async function createAuthenticator(auth: AuthConfig, keys: VerificationKe
     }
     return {
       tenant,
-      caller: typeof payload.sub === 'string' ? payload.sub.slice(0, 256) : null,
+      caller: typeof payload.sub === 'string' ? truncated(payload.sub, 256) : null,
       scopes: new Set(typeof scope === 'string' ? scope.split(' ').filter(Boolean) : []),
     }
   }
+}
+
+/**
+ * The first `max` UTF-16 units of `text`, never half of a surrogate pair: a lone surrogate is
+ * text the store cannot hold (it would end in the audit row as U+FFFD, or fail a batch's JSON).
+ */
+function truncated(text: string, max: number): string {
+  const cut = text.slice(0, max)
+  return cut.isWellFormed() ? cut : cut.slice(0, -1)
 }
 
 async function verificationKey(keys: VerificationKeys): Promise<{ key: Uint8Array | JWTVerifyGetKey; algorithms: string[] }> {
