@@ -62,11 +62,12 @@ describe.each(backends())('fences of one turn ($name)', (backend) => {
     const db = counting(t.db)
     const store = createStore(db, { schedule: setImmediate })
     // A fence below zero is refused by the column's domain (SQLSTATE 23514, a row's fault).
-    const turn = [command('invoice:1', '3'), command('invoice:2', '-1'), command('invoice:3', '4')]
+    // Presented again one after the other, in arrival order: the lower fence of invoice:1 is stale against the raise before it.
+    const turn = [command('invoice:1', '3'), command('invoice:2', '-1'), command('invoice:3', '4'), command('invoice:1', '5'), command('invoice:1', '4')]
     const settled = await Promise.allSettled(turn.map((c) => store.reserve(c)))
-    expect(settled.map((s) => (s.status === 'rejected' ? (s.reason as { sqlstate?: string }).sqlstate : s.value.kind))).toEqual(['proceed', '23514', 'proceed'])
-    expect(db.count).toBe(4)
-    expect((await t.store.getEntity('default', 'invoice:1'))?.highest_fence).toBe('3')
+    expect(settled.map((s) => (s.status === 'rejected' ? (s.reason as { sqlstate?: string }).sqlstate : s.value.kind))).toEqual(['proceed', '23514', 'proceed', 'proceed', 'stale'])
+    expect(db.count).toBe(6)
+    expect((await t.store.getEntity('default', 'invoice:1'))?.highest_fence).toBe('5')
     expect(await t.store.getEntity('default', 'invoice:2')).toBeUndefined()
   })
 
@@ -104,4 +105,30 @@ describe.each(backends())('fences of one turn ($name)', (backend) => {
       await second.close()
     }
   }, 60_000)
+
+  // postgres.js 3.4.9 answers the statement after one that failed midway through its rows with
+  // a hole where its first row belongs; a command must then fail as a store failure (503), not
+  // as a TypeError (500) nor with another command's decision.
+  it.skipIf(backend.name !== 'postgres')('fails a turn whose answer came back without a command\'s row as a store failure', async () => {
+    const one = connectPostgres(t.url!, { max: 1 })
+    try {
+      const store = createStore(one, { schedule: setImmediate })
+      // The fences of 0018's first version: the second row is refused (a negative fence) after the first was sent.
+      const shifted = () => one.sql`
+        SELECT fg_present_fence('default', 'capture', u.e, u.f::bigint, 'POST', '/p', NULL, NULL, 'r') FROM (VALUES ('invoice:8', 1), ('invoice:9', -1)) AS u(e, f)`
+        .catch(() => 'failed')
+      expect(await shifted()).toBe('failed')
+      const turn = await Promise.allSettled([command('invoice:1', '1'), command('invoice:2', '1')].map((c) => store.reserve(c)))
+      expect(turn.map((s) => (s.status === 'rejected' ? s.reason : s.value))).toEqual([
+        expect.objectContaining({ name: 'StoreError', driverCode: 'FENCEGATE_ROWS_MISSING' }),
+        expect.objectContaining({ name: 'StoreError', driverCode: 'FENCEGATE_ROWS_MISSING' }),
+      ])
+      expect(await shifted()).toBe('failed')
+      await expect(store.reserve(command('invoice:3', '1'))).rejects.toMatchObject({ driverCode: 'FENCEGATE_ROWS_MISSING' })
+      // The connection is itself again after a statement that completed.
+      expect(await store.reserve(command('invoice:3', '2'))).toEqual({ kind: 'proceed', highest: '2' })
+    } finally {
+      await one.close()
+    }
+  })
 })

@@ -23,7 +23,7 @@ export interface BatchOptions<I, O> {
  * Gathers the writes of one event-loop turn into one statement: one commit and one socket
  * write instead of one each. Each item's promise settles with its own outcome. If a batch of
  * several fails on a row's data (SQLSTATE class 22 or 23), each item is written again alone,
- * so one bad row cannot fail the items it happened to share a turn with. A batch PostgreSQL
+ * in the order they were added, so one bad row cannot fail the items it happened to share a turn with. A batch PostgreSQL
  * rolled back to break a deadlock or a serialization conflict (class 40) is also written
  * again item by item: nothing of it was applied, and a transaction of one row waits for
  * no other row while it holds one. (The lease bench once saw a batch of job completions
@@ -78,7 +78,9 @@ async function writeAll<I, O>(write: (items: I[]) => Promise<O[]>, batch: { item
     batch.forEach((p, i) => p.resolve(outcomes[i]!))
   } catch (err) {
     if (batch.length === 1 || !(rowsFault(err) || rolledBack(err))) return batch.forEach((p) => p.reject(err))
-    await Promise.all(batch.map((p) => writeAll(write, [p])))
+    // One after the other, in the batch's order: items that depend on each other (two fences
+    // of one entity) are decided in the order they were added, as in the batch.
+    for (const p of batch) await writeAll(write, [p])
   }
 }
 

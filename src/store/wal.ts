@@ -10,8 +10,9 @@ import type { Db } from './db.js'
 
 /**
  * Where a command statement left the WAL. Its statements add three columns
- * (`fg_wal`, `fg_lsn`, `fg_boot`; written out in each statement, src/store/commands.ts and
- * src/leases/claim.ts, since a tagged template binds values, not SQL): the WAL file name of the insert
+ * (`fg_wal`, `fg_lsn`, `fg_boot`; written out in each statement, src/store/commands.ts,
+ * present.ts and src/leases/claim.ts, since a tagged template binds values, not SQL; a batch of
+ * fences reads each command's `fg_lsn` after its own writes, in fg_present_fences): the WAL file name of the insert
  * position (its first 8 hex digits are the timeline), that position when the statement wrote
  * (it then holds an xid) and the server's start time. A write's commit record follows the
  * position, so a standby that has the commit has WAL beyond it.
