@@ -108,7 +108,7 @@ describe.each(backends())('fences of one turn ($name)', (backend) => {
 
   // postgres.js 3.4.9 answers the statement after one that failed midway through its rows with
   // a hole where its first row belongs; a command must then fail as a store failure (503), not
-  // as a TypeError (500) nor with another command's decision.
+  // as a TypeError (500) nor with another command's decision. The pool checks every answer.
   it.skipIf(backend.name !== 'postgres')('fails a turn whose answer came back without a command\'s row as a store failure', async () => {
     const one = connectPostgres(t.url!, { max: 1 })
     try {
@@ -125,6 +125,9 @@ describe.each(backends())('fences of one turn ($name)', (backend) => {
       ])
       expect(await shifted()).toBe('failed')
       await expect(store.reserve(command('invoice:3', '1'))).rejects.toMatchObject({ driverCode: 'FENCEGATE_ROWS_MISSING' })
+      // The pool reads every answer so (src/store/postgres-pool.ts), not only the fences'.
+      expect(await shifted()).toBe('failed')
+      await expect(one.sql`SELECT 1 AS one`).rejects.toMatchObject({ name: 'StoreError', driverCode: 'FENCEGATE_ROWS_MISSING' })
       // The connection is itself again after a statement that completed.
       expect(await store.reserve(command('invoice:3', '2'))).toEqual({ kind: 'proceed', highest: '2' })
     } finally {

@@ -172,10 +172,9 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
     const client = current()
     slots.entered()
     const query = client(strings, ...params)
+    let rows: T[]
     try {
-      const rows = (await query) as unknown as T[]
-      slots.left(query, true)
-      return rows
+      rows = (await query) as unknown as T[]
     } catch (raw) {
       const sent = !failedBeforeSending(query)
       const err = toStoreError(raw)
@@ -190,6 +189,21 @@ async function statement<T>(current: () => postgres.Sql, failedOn: FailedOn, slo
       // A write refused by a read-only node committed nothing: once more, on the client after it.
       if ((sent && !refusedWrite(err)) || retried) throw err
       retried = true
+      continue
     }
+    slots.left(query, true)
+    return whole(rows)
   }
+}
+
+/**
+ * The rows of an answer, or a store failure when its first row is a hole. postgres.js 3.4.9
+ * does not reset its row index when an error follows rows already sent, and answers the next
+ * statement on that connection with as many holes before its own rows (migrations/0018): the
+ * statement ran, but its answer cannot be read, so it fails as one whose connection was lost
+ * (it may have committed), never as a TypeError or with rows that are not its own.
+ */
+function whole<T>(rows: T[]): T[] {
+  if (rows.length > 0 && !(0 in rows)) throw new StoreError(undefined, 'FENCEGATE_ROWS_MISSING')
+  return rows
 }

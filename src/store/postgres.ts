@@ -38,6 +38,8 @@ export interface PostgresOptions {
  *   statements finish (its `end` waits at most 5 s), its connections count on top of `max`.
  * - One retry, on the current client, of a statement that failed before it could have
  *   reached the server (`failedBeforeSending`).
+ * - An answer whose first row is a hole fails as a store failure (src/store/postgres-pool.ts:
+ *   postgres.js 3.4.9 leaves one after a statement that failed midway through its rows).
  * - Its own sockets, so that a pool the server refuses new connections (`53300`, or none up
  *   within the connect timeout) opens none while it serves on the ones it has (src/store/slots.ts).
  *

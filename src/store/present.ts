@@ -1,5 +1,5 @@
 import { createBatcher, type Schedule } from './batch.js'
-import { StoreError, type Db } from './db.js'
+import type { Db } from './db.js'
 import type { Command, Positioned, Reservation } from './commands.js'
 import { readPosition, type PositionRow } from './wal.js'
 
@@ -45,23 +45,9 @@ async function presentAll(db: Db, batch: Command[]): Promise<Positioned[]> {
     SELECT d.i, d.highest::text AS highest, d.lsn AS fg_lsn, pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
       extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot
     FROM fg_present_fences(${JSON.stringify(rows)}::text::jsonb) AS d`
-  if (answered.length !== batch.length) throw rowsMissing()
   const out = new Array<Positioned>(batch.length)
-  // A hole reads as undefined here; a repeated index would leave another command without its row.
-  for (const row of answered) {
-    if (!row || out[row.i!] !== undefined) throw rowsMissing()
-    out[row.i!] = positioned(row, batch[row.i!]!)
-  }
+  for (const row of answered) out[row.i!] = positioned(row, batch[row.i!]!)
   return out
-}
-
-/**
- * A statement's answer without the row of a command: each command gets a decision or a
- * store failure (503), never another's. postgres.js 3.4.9 answers the statement after one that
- * failed midway through its rows with a hole where its first row belongs (migrations/0018).
- */
-function rowsMissing(): StoreError {
-  return new StoreError(undefined, 'FENCEGATE_ROWS_MISSING')
 }
 
 /** One command alone: the statement without the batch's JSON (src/store/commands.ts before batching). */
@@ -74,8 +60,7 @@ async function presentOne(db: Db, c: Command): Promise<Positioned> {
       pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal,
       CASE WHEN pg_current_xact_id_if_assigned() IS NOT NULL THEN pg_current_wal_insert_lsn()::text END AS fg_lsn,
       extract(epoch FROM pg_postmaster_start_time())::text AS fg_boot`
-  if (!row) throw rowsMissing()
-  return positioned(row, c)
+  return positioned(row!, c)
 }
 
 function positioned(row: PresentRow, c: Command): Positioned {
