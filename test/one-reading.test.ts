@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { hasDuplicateKeys } from '../src/http/json-keys.js'
+import { scanJson } from '../src/http/json-reading.js'
 import { backends } from './helpers/backends.js'
 import { sharedGateway } from './helpers/fresh-gateway.js'
 import { post, rawPost, route, testConfig } from './helpers/gateway.js'
@@ -29,7 +29,7 @@ describe('one reading of a request', () => {
   it('a JSON body declared as a form is refused: its strings hid form fields for another tenant and ticket', async () => {
     const body = '{"tenant_id":"B","ticket_id":"T1","x":"&tenant_id=A&ticket_id=T2&y="}'
     const res = await post(`${fx.gw.url}/tickets`, '1', { body, headers: { ...await asTenantA(), 'content-type': 'application/x-www-form-urlencoded' } })
-    expect([res.status, res.json.code]).toEqual([400, 'invalid_request'])
+    expect([res.status, res.json.code]).toEqual([400, 'unreadable_body'])
     expect(res.json.detail).toContain('declared as a form but is JSON')
     expect(fx.upstream.received).toHaveLength(0)
   })
@@ -37,7 +37,7 @@ describe('one reading of a request', () => {
   it('a JSON key named twice is refused: the gateway read the last tenant, an upstream may read the first', async () => {
     for (const body of ['{"tenant_id":"B","ticket_id":"T1","tenant_id":"A"}', '{"tenant_id":"A","ticket_id":"T1","\\u0074enant_id":"B"}']) {
       const res = await post(`${fx.gw.url}/tickets`, '1', { body, headers: await asTenantA() })
-      expect([res.status, res.json.code], body).toEqual([400, 'invalid_request'])
+      expect([res.status, res.json.code], body).toEqual([400, 'unreadable_body'])
     }
     expect(fx.upstream.received).toHaveLength(0)
     // The same request with each key once is served.
@@ -70,7 +70,7 @@ describe('one reading of a request', () => {
     const body = '\uFEFF{"tenant_id":"B","ticket_id":"T1","x":"&tenant_id=A&ticket_id=T2&y="}'
     const before = fx.upstream.received.length
     const res = await rawPost(`${fx.gw.url}/tickets`, { ...await asTenantA(), 'x-execution-fence': '1', 'content-type': 'application/x-www-form-urlencoded' }, body)
-    expect([res.status, res.body.code]).toEqual([400, 'invalid_request'])
+    expect([res.status, res.body.code]).toEqual([400, 'unreadable_body'])
     expect(res.body.detail).toContain('declared as a form but is JSON')
     expect(fx.upstream.received.length).toBe(before)
   })
@@ -102,7 +102,7 @@ describe('one reading of a request', () => {
     const multipart = '--b\r\nContent-Disposition: form-data; name="tenant_id"\r\n\r\nB\r\n--b\r\nContent-Disposition: form-data; name="ticket_id"\r\n\r\nT1\r\n--b--\r\n'
     // The gateway found no tenant in it, so the claim passed, while an upstream reading multipart acts for tenant B.
     const res = await rawPost(`${fx.gw.url}/transfers/5`, { ...await asTenantA(), 'x-execution-fence': '1', 'content-type': 'multipart/form-data; boundary=b' }, multipart)
-    expect([res.status, res.body.code]).toEqual([400, 'invalid_request'])
+    expect([res.status, res.body.code]).toEqual([415, 'unsupported_media_type'])
     expect(res.body.detail).toContain('multipart')
     expect(fx.upstream.received.length).toBe(before)
   })
@@ -126,7 +126,8 @@ describe('one reading of a request', () => {
   it.each([
     ['{"a":1,"a":2}', true], ['{"a":{"b":1},"b":{"b":2}}', false], ['[{"a":1},{"a":1}]', false],
     ['{"a":"\\"a\\":","b":1}', false], ['{"x":{"a":1,"a":1}}', true], ['{"k":"v","\\u006b":1}', true], ['{}', false],
-  ])('hasDuplicateKeys(%s) is %s', (text, duplicate) => {
-    expect(hasDuplicateKeys(text)).toBe(duplicate)
+  ])('scanJson(%s) refuses a key named twice: %s', (text, duplicate) => {
+    if (duplicate) expect(() => scanJson(text)).toThrow(expect.objectContaining({ code: 'unreadable_body' }))
+    else expect(() => scanJson(text)).not.toThrow()
   })
 })

@@ -46,6 +46,7 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
   invalid_fence: ({ data }) => data.request('/payments/1/capture', fenced('0x10')),
   fence_required: ({ data }) => data.request('/payments/1/capture', fenced()),
   entity_unresolved: ({ data }) => data.request('/tickets', fenced('1', '{"no_ticket":true}')),
+  unreadable_body: ({ data }) => data.request('/tickets', fenced('1', '{"ticket":"T1",}')),
   stale_fence: async ({ data }) => {
     await data.request('/payments/2/capture', fenced('10'))
     return data.request('/payments/2/capture', fenced('9'))
@@ -130,7 +131,7 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A, upstream_tls_failed: A,
   store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, job_not_running: I, job_not_retryable: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
-  rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, internal_error: A,
+  rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, unreadable_body: I, internal_error: A,
 }
 
 /** Refusals a retry can help with: they carry Retry-After and the route's hint says true; all others carry neither. */
@@ -139,7 +140,7 @@ const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailabl
 const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
   'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
   'idempotency_key_reused', 'response_not_replayable', 'outcome_unknown', 'upstream_unreachable', 'upstream_timeout', 'upstream_tls_failed', 'store_unavailable',
-  'store_not_replicated', 'store_identity_changed', 'store_lost_commits', 'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error'])
+  'store_not_replicated', 'store_identity_changed', 'store_lost_commits', 'lease_expired', 'entity_frozen', 'entity_busy', 'internal_error', 'unreadable_body'])
 const hint = 'Stripe-Should-Retry'
 
 /** A Hono app whose `request` sends `Accept: accept` (when given), to see the answer's media type follow it. */
@@ -273,7 +274,7 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'job_not_running', 'job_not_retryable', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'job_not_running', 'job_not_retryable', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type', 'unreadable_body'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

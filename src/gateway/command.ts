@@ -1,8 +1,8 @@
 import type { HeaderView } from '../http/exchange.js'
-import { isFormBody, parseFormBody } from '../http/form-body.js'
-import { hasDuplicateKeys } from '../http/json-keys.js'
+import { readBodyFields, type BodyFields } from '../http/body-fields.js'
 import type { Identity } from '../http/identity.js'
 import { FencegateError } from '../http/problems.js'
+import { fenceHeader } from './fence.js'
 import { resolveEntity, type EntitySources, type Route } from './route.js'
 import { entityPolicy, freezeThatCouldApply } from '../rules/entities.js'
 import type { RuleSet } from '../rules/registry.js'
@@ -58,13 +58,19 @@ export function commandPolicy(route: Route, tenant: string, sources: EntitySourc
 }
 
 /**
- * A header the route reads (entity, claimed tenant, the Content-Type of a body it reads) that
- * arrived more than once is refused: the gateway would read the joined "A-1, A-1", an upstream
- * may read the first. A key header's grammar refuses two joined keys itself.
+ * A header the route reads (the fence, entity, claimed tenant, key, the Content-Type of a body it
+ * reads) that arrived more than once, or also under a name with `_` for `-`, is refused: the
+ * gateway would read the joined "A-1, A-1", an upstream may read the first; WSGI and CGI read
+ * `X_Tenant` as `X-Tenant`. A key header's grammar refuses two joined keys itself.
  */
-export function refuseRepeatedHeaders(route: Route, headers: HeaderView): void {
+export function refuseAmbiguousHeaders(route: Route, headers: HeaderView): void {
   const twice = headers.repeated && route.singleHeaders.find((name) => headers.repeated!(name))
   if (twice) throw new FencegateError('invalid_request', `the request sends header ${twice} more than once; which one counts is ambiguous`)
+  headers.forEach((_, name) => {
+    if (!name.includes('_')) return
+    const dashed = name.toLowerCase().replaceAll('_', '-')
+    if (dashed === fenceHeader || route.decisionHeaders.includes(dashed)) throw new FencegateError('invalid_request', `the request sends header ${name}, which upstreams that read _ as - take for ${dashed}, a header the route reads`)
+  })
 }
 
 /**
@@ -81,74 +87,22 @@ export function checkClaimedTenant(where: string, sources: EntitySources, identi
 function readClaim(where: string, sources: EntitySources): string | undefined {
   const [source, ...path] = where.split('.')
   if (source === 'header') return sources.headers.get(path[0]!) ?? undefined
-  let node = sources.body()
-  for (const key of path) {
-    if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
-    node = (node as Record<string, unknown>)[key]
-  }
-  return node === undefined ? undefined : String(node)
+  return sources.body().at(path)
 }
 
 /**
- * What an entity template and a claimed tenant may read from a request; the
- * body is parsed at most once, when read: as a form when its Content-Type says
- * so (src/form-body.ts), else as JSON (text/plain, no Content-Type or any other
- * type: upstreams that read JSON regardless of it read it so). A multipart body
- * is refused when read: the gateway cannot read its fields, so a claimed tenant
- * in one would pass unseen while an upstream reading multipart acts on it.
+ * What an entity template and a claimed tenant may read from a request; the body is read at
+ * most once, when first asked for, in its one reading (src/http/body-fields.ts): a form when
+ * its Content-Type says so, else strict JSON, refused where an upstream could read it otherwise.
  */
 export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
-  let body: unknown
-  let parsed = false
+  let fields: BodyFields | undefined
   return {
     params,
     query: url.searchParams,
     headers: request.headers,
-    // The Content-Type is looked at only by a route that reads the body.
-    body: () => {
-      const type = request.headers.get('content-type')
-      if (type?.trimStart().toLowerCase().startsWith('multipart/')) throw new FencegateError('invalid_request', 'the route reads the body, and a multipart body is not read; send it as JSON or as a form')
-      if (!parsed) {
-        parsed = true
-        body = isFormBody(type) ? parseFormBody(unlessJson(bytes)) : parseJson(bytes)
-      }
-      return body
-    },
+    body: () => (fields ??= readBodyFields(request.headers, bytes)),
   }
-}
-
-/**
- * A JSON body, or undefined when it is not JSON. One that names a key twice is refused: the
- * gateway would read the last, an upstream may read the first (src/http/json-keys.ts).
- */
-function parseJson(bytes: Uint8Array): unknown {
-  let text: string
-  let body: unknown
-  try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
-    body = JSON.parse(text)
-  } catch {
-    return undefined
-  }
-  if (hasDuplicateKeys(text)) throw new FencegateError('invalid_request', 'the JSON body names a key twice in one object; which one counts is ambiguous')
-  return body
-}
-
-/**
- * A body declared as a form that is a JSON object or array is refused: its JSON text can
- * hide form fields in its strings (`{"tenant_id":"B","x":"&tenant_id=A"}`), which the
- * gateway would read while an upstream that reads JSON acts on the others.
- */
-function unlessJson(bytes: Uint8Array): Uint8Array {
-  let i = 0
-  for (;;) {
-    if (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d) i++
-    // A UTF-8 byte-order mark (EF BB BF): decoders and many JSON readers skip it, so `\uFEFF{...}` is JSON to them.
-    else if (bytes[i] === 0xef && bytes[i + 1] === 0xbb && bytes[i + 2] === 0xbf) i += 3
-    else break
-  }
-  if (bytes[i] === 0x7b || bytes[i] === 0x5b) throw new FencegateError('invalid_request', 'the body is declared as a form but is JSON; send it as Content-Type: application/json')
-  return bytes
 }
 
 /**

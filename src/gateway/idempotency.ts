@@ -38,6 +38,18 @@ export function parseIdempotencyKey(value: string | null, header = 'Idempotency-
 }
 
 /**
+ * A key as one header value, the form `parseIdempotencyKey` reads back to it: a bare token
+ * when it is one, else an sf-string. The key header is forwarded in this form, so that the
+ * two spellings of one key the gateway accepts are one key to the upstream as well.
+ *
+ * @example keyHeaderValue('order-42') // 'order-42'
+ * @example keyHeaderValue('order 42') // '"order 42"'
+ */
+export function keyHeaderValue(key: string): string {
+  return /^[\x21\x23-\x2B\x2D-\x7E][\x21-\x2B\x2D-\x7E]*$/.test(key) ? key : `"${key.replace(/["\\]/g, '\\$&')}"`
+}
+
+/**
  * The payload's identity: SHA-256 over method, route name, path, query and the
  * SHA-256 of the raw body bytes, taken before anything transforms the request.
  * The body's hash is the one already recorded for the command, so the body is

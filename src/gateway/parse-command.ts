@@ -1,8 +1,9 @@
 import type { Inbound } from '../http/inbound.js'
+import { refuseFormMethodOverride } from '../http/method-override.js'
 import { FencegateError } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import type { IdempotencyClaim } from '../store/store.js'
-import { checkClaimedTenant, commandPolicy, entityOf, entitySources, refuseRepeatedHeaders, type CommandPolicy } from './command.js'
+import { checkClaimedTenant, commandPolicy, entityOf, entitySources, refuseAmbiguousHeaders, type CommandPolicy } from './command.js'
 import type { PipelineContext } from './context.js'
 import { fenceHeader, parseFence } from './fence.js'
 import { keyFingerprint, payloadFingerprint } from './idempotency.js'
@@ -32,8 +33,11 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   const { request, url, params, bytes } = input
   const route = trace.route!
   const rc = route.config
-  refuseRepeatedHeaders(route, request.headers)
+  refuseAmbiguousHeaders(route, request.headers)
   const sources = entitySources(request, url, params, bytes)
+  // The body's one reading comes first, whatever the policy then reads of it: an unreadable body is refused, never read as silent.
+  if (route.readsBody) sources.body()
+  else refuseFormMethodOverride(request.headers, bytes)
   trace.auditEntity = () => entityOf(route, sources)
   let policy: CommandPolicy
   try {

@@ -1,6 +1,7 @@
 import type { Answer } from '../http/exchange.js'
 import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
+import { refuseMethodOverride } from '../http/method-override.js'
 import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
@@ -111,6 +112,7 @@ function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Tra
   const match = rules.router.match(request.method, url.pathname)
   if (!match) throw new FencegateError('no_route', `no route for ${request.method} ${url.pathname}`)
   trace.route = match.route
+  refuseMethodOverride(request.headers, url)
   trace.auditEntity = () => entityOf(match.route, entitySources(request, url, match.params, new Uint8Array(0)))
   return { ...match, rules }
 }

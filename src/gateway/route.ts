@@ -1,7 +1,8 @@
+import type { BodyFields } from '../http/body-fields.js'
 import type { HeaderView } from '../http/exchange.js'
 import { FencegateError } from '../http/problems.js'
 import type { RouteConfig } from '../config/schema.js'
-import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, isStorableText, keyHeaderOf, maxEntityLength, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
+import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, isStorableText, keyHeaderOf, maxEntityLength, partValue, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
 
 export { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix, type EntityTemplate, type PathPattern } from '../config/templates.js'
 
@@ -18,6 +19,8 @@ export interface Route {
   decisionHeaders: string[]
   /** Those of them that must arrive once (a key header's grammar already refuses two joined). */
   singleHeaders: string[]
+  /** Whether a decision reads the body (entity, key or claimed tenant): it is then read, once, before any of them. */
+  readsBody: boolean
 }
 
 export function compileRoute(config: RouteConfig): Route {
@@ -38,7 +41,7 @@ export function compileRoute(config: RouteConfig): Route {
   // unknown outcome again if `Connection: idempotency-key` stripped it on the way.
   const keyHeaders = config.idempotency === 'off' ? [] : headersOf(key)
   const decisionHeaders = [...new Set([...singleHeaders, ...keyHeaders])]
-  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders, singleHeaders: [...new Set(singleHeaders)] }
+  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders, singleHeaders: [...new Set(singleHeaders)], readsBody }
 }
 
 /** The headers a template reads, lower-cased. */
@@ -110,8 +113,8 @@ export interface EntitySources {
   params: Record<string, string>
   query: URLSearchParams
   headers: HeaderView
-  /** The parsed body (a form, when its Content-Type says so, else JSON), or undefined when it does not parse. */
-  body(): unknown
+  /** The body's one reading (a form, when its Content-Type says so, else strict JSON); refuses a body it cannot read. */
+  body(): BodyFields
 }
 
 /**
@@ -143,8 +146,14 @@ export function fillTemplate(template: EntityTemplate, sources: EntitySources, r
       continue
     }
     const read = part.source === 'header' ? readHeader(sources.headers.get(part.name), part.name) : readSource(part, sources)
-    if (read === undefined || read === '') return { missing: part.source === 'body' ? `body.${part.path.join('.')}` : `${part.source}.${part.name}` }
-    value += read
+    const label = part.source === 'body' ? `body.${part.path.join('.')}` : `${part.source}.${part.name}`
+    if (read === undefined || read === '') return { missing: label }
+    const checked = partValue(template, part, read)
+    if ('refused' in checked) {
+      const [code, what] = template.kind === 'entity' ? ['entity_unresolved', 'the entity'] as const : ['invalid_idempotency_key', 'the idempotency key'] as const
+      throw new FencegateError(code, `${label}, which ${what} reads, ${checked.refused}`, { source: label })
+    }
+    value += checked.value
   }
   return { value }
 }
@@ -160,16 +169,6 @@ function readSource(part: Exclude<TemplatePart, { literal: string }>, s: EntityS
       return s.query.get(part.name) ?? undefined
     }
     case 'header': return s.headers.get(part.name) ?? undefined
-    case 'body': {
-      let node: unknown = s.body()
-      for (const key of part.path) {
-        if (node === null || typeof node !== 'object' || !Object.hasOwn(node, key)) return undefined
-        node = (node as Record<string, unknown>)[key]
-      }
-      if (typeof node === 'string') return node
-      // Beyond 2^53 two different ids would parse to one number and share a fence.
-      if (typeof node === 'number' && Number.isSafeInteger(node)) return String(node)
-      return undefined
-    }
+    case 'body': return s.body().at(part.path)
   }
 }

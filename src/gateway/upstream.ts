@@ -6,6 +6,7 @@ import type { Held } from '../store/store.js'
 import { attestationHeader, attestCommand } from './attest.js'
 import type { PipelineContext } from './context.js'
 import { fenceHeader } from './fence.js'
+import { keyHeaderValue } from './idempotency.js'
 import { ForwardError, upstreamRequestHeaders } from './forward.js'
 import { logged } from './outcome.js'
 import { forwardFailureRetry } from './retry-hint.js'
@@ -40,6 +41,8 @@ function outgoingHeaders(o: Outgoing, trace: Trace): HeaderList {
   }
   // tenant_scoped: the header the key was read from (config allows it only for a one-header key).
   if (trace.upstreamKey && route.keyHeader) headers.set(route.keyHeader, trace.upstreamKey)
+  // Else the key in one form: `"pay-77"` and `pay-77` are one key here, and must be one upstream too.
+  else if (trace.key !== undefined && route.keyHeader) headers.set(route.keyHeader, keyHeaderValue(trace.key))
   // Last, so that no client header (not even one re-set above) can pass for the gateway's attestation.
   headers.delete(attestationHeader)
   return headers

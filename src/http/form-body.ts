@@ -4,14 +4,15 @@
  * template walks: `metadata[external_id]=c_9` is `body.metadata.external_id`,
  * `items[0][price]=p_1` is `body.items.0.price`. A name given twice, or used
  * both as a value and as a parent (`a=1&a[b]=2`), is ambiguous: reading it (or
- * below it) finds nothing, so a template that needs it is refused as
- * `entity_unresolved` rather than guessing which one the upstream will use.
+ * below it) is refused (src/http/body-fields.ts) rather than guessing which one
+ * the upstream will use.
  */
 
-/** Stands for an ambiguous name; not a string and not an object, so it never resolves. */
-const ambiguous = Symbol('ambiguous form field')
+/** Stands for an ambiguous name; not a string and not an object, so it never resolves to a value. */
+export const ambiguousField = Symbol('ambiguous form field')
+const ambiguous = ambiguousField
 type FormNode = string | typeof ambiguous | FormTree
-interface FormTree { [key: string]: FormNode }
+export interface FormTree { [key: string]: FormNode }
 
 /** True for `application/x-www-form-urlencoded`, with or without parameters such as `charset`. */
 export function isFormBody(contentType: string | null): boolean {
@@ -19,18 +20,12 @@ export function isFormBody(contentType: string | null): boolean {
 }
 
 /**
- * Parses a form body into nested null-prototype objects of strings; undefined
- * when the bytes are not UTF-8.
+ * Parses a form body's text into nested null-prototype objects of strings
+ * (src/http/body-fields.ts decodes and checks the bytes first).
  *
- * @example parseFormBody(new TextEncoder().encode('metadata[external_id]=c_9')) // { metadata: { external_id: 'c_9' } }
+ * @example parseFormBody('metadata[external_id]=c_9') // { metadata: { external_id: 'c_9' } }
  */
-export function parseFormBody(bytes: Uint8Array): unknown {
-  let text: string
-  try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
-  } catch {
-    return undefined
-  }
+export function parseFormBody(text: string): FormTree {
   const root: FormTree = Object.create(null)
   for (const [name, value] of new URLSearchParams(text)) {
     const path = fieldPath(name)

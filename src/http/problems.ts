@@ -48,7 +48,8 @@ export const problemCatalog = {
   rules_version_conflict: { status: 412, title: 'The rules have changed since the version given in If-Match' },
   host_not_allowed: { status: 421, title: 'This gateway does not serve the host the request names' },
   cross_site_request: { status: 403, title: 'A request from a page of another site is refused without auth' },
-  unsupported_media_type: { status: 415, title: 'The body must be JSON' },
+  unsupported_media_type: { status: 415, title: 'The body is not in a media type, charset or encoding read here' },
+  unreadable_body: { status: 400, title: 'The body cannot be read the one way an upstream would read it' },
   not_found: { status: 404, title: 'Not found' },
   internal_error: { status: 500, title: 'Internal error' },
 } as const satisfies Record<string, { status: number; title: string }>

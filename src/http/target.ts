@@ -28,6 +28,27 @@ export function unsafeTarget(rawTarget: string | undefined): FencegateError | un
   else if (/%25(2e|2f|5c|3b|00)|%00/i.test(path)) reason = 'double-encoded dots, slashes, semicolons and NUL bytes are not accepted in paths'
   // Split only when a segment may start with a dot: nearly every path has none.
   else if (/(^|\/)(\.|%2e)/i.test(path) && path.split('/').some((s) => /^(\.|%2e){1,2}$/i.test(s))) reason = 'dot segments (. and ..) are not accepted in paths'
+  // Encoded per character (`%25%32%65` is `%2e` once decoded, `.` twice): decode each segment
+  // until it stops changing, and check every form it takes on the way.
+  else if (path.includes('%') && path.split('/').some(encodesUnsafely)) reason = 'a path segment decodes, once or more, to a dot segment, a slash, a backslash, a semicolon or a NUL byte'
   if (!reason) return undefined
   return new FencegateError('invalid_request', reason)
+}
+
+/** Whether a segment, decoded until stable (at most a few times), ever reads as `.`, `..` or holds `/ \\ ;` or NUL. */
+function encodesUnsafely(segment: string): boolean {
+  let s = segment
+  for (let round = 0; round < 4 && s.includes('%'); round++) {
+    let decoded: string
+    try {
+      decoded = decodeURIComponent(s)
+    } catch {
+      // Not valid percent-encoding as a whole: an upstream may decode the valid parts; refuse.
+      return /%[0-9a-f]{2}/i.test(s) && round > 0
+    }
+    if (decoded === s) return false
+    if (/^\.{1,2}$|[/\\;\u0000]/.test(decoded)) return true
+    s = decoded
+  }
+  return s.includes('%') && /%[0-9a-f]{2}/i.test(s)
 }

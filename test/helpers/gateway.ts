@@ -80,7 +80,7 @@ export async function post(url: string, fence?: string, init: { body?: string; h
 }
 
 /** A POST through node:http, so that headers fetch refuses (`Connection`, duplicates) go out as written. */
-export function rawPost(url: string, headers: Record<string, string | string[]>, body = '{}'): Promise<{ status: number; headers: Record<string, unknown>; body: any }> {
+export function rawPost(url: string, headers: Record<string, string | string[]>, body: string | Uint8Array = '{}'): Promise<{ status: number; headers: Record<string, unknown>; body: any }> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(url, { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) } }, (res) => {
       const chunks: Buffer[] = []
