@@ -119,13 +119,17 @@ describe.each(backends())('gateway on $name', (backend) => {
     expect((await post(`${gw.url}/b`, '1', { body: '{"ticket":{"id":"T-1"}}' })).status).toBe(200)
     // Same entity acct:7 through two routes: one fence order.
     expect((await post(`${gw.url}/h`, '0', { headers: { 'x-account': '7' } })).json.code).toBe('stale_fence')
-    for (const [path, init] of [['/q', {}], ['/h', {}], ['/b', { body: '{"ticket":{}}' }], ['/b', { body: 'not json' }]] as const) {
+    for (const [path, init] of [['/q', {}], ['/h', {}], ['/b', { body: '{"ticket":{}}' }]] as const) {
       const res = await post(`${gw.url}${path}`, '1', init)
       expect(res.status).toBe(400)
       expect(res.json.code).toBe('entity_unresolved')
     }
+    // A body that is not JSON is unreadable, not a body without the entity.
+    const unreadable = await post(`${gw.url}/b`, '1', { body: 'not json' })
+    expect([unreadable.status, unreadable.json.code]).toEqual([400, 'unreadable_body'])
     expect(upstream.received).toHaveLength(3)
-    expect(await audit('code=entity_unresolved')).toHaveLength(4)
+    expect(await audit('code=entity_unresolved')).toHaveLength(3)
+    expect(await audit('code=unreadable_body')).toHaveLength(1)
   })
 
   it('answers 400, not 503, for an entity with NUL (regression: PostgreSQL refused it)', async () => {

@@ -233,7 +233,8 @@ describe.each(backends())('idempotency on $name', (backend) => {
       expect([res.status, res.json.code], bad).toEqual([400, 'invalid_idempotency_key'])
     }
     expect((await post(capture(), '1', keyed('"quoted-\\"key"'))).status).toBe(201)
-    expect(upstream.received.map((r) => r.headers['idempotency-key'])).toEqual(['"quoted-\\"key"'])
+    // Forwarded in the one form the key has (a bare token here), whichever spelling it came in.
+    expect(upstream.received.map((r) => r.headers['idempotency-key'])).toEqual(['quoted-"key'])
     expect(await audit('code=invalid_idempotency_key')).toHaveLength(6)
   })
 

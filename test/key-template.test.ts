@@ -81,21 +81,21 @@ describe.each(backends())('idempotency keys read by a template, on $name', (back
 
   it('a required key the request does not name is 400 idempotency_key_required, audited, nothing forwarded', async () => {
     const before = executions()
-    for (const body of ['{"order_id":"o3"}', '{"order_id":"o3","idempotency_key":""}', '{"order_id":"o3","idempotency_key":null}']) {
+    for (const body of ['{"order_id":"o3"}', '{"order_id":"o3","idempotency_key":""}']) {
       const res = await post(`${fx.gw.url}/v2/payments`, undefined, { body, headers: await as('A', { 'idempotency-key': 'header-is-not-the-key' }) })
       expect([res.status, res.json.code], body).toEqual([400, 'idempotency_key_required'])
       expect(res.json.detail).toBe('route payments requires an idempotency key (body.idempotency_key is missing from the request)')
     }
     // A key the body names in a way it cannot be read is refused as such, never read as absent.
     const unreadableBefore = (await audit('code=unreadable_body')).length
-    for (const body of ['{"order_id":"o3","idempotency_key":{"nested":1}}', 'not json']) {
+    for (const body of ['{"order_id":"o3","idempotency_key":{"nested":1}}', '{"order_id":"o3","idempotency_key":null}', 'not json']) {
       const res = await post(`${fx.gw.url}/v2/payments`, undefined, { body, headers: await as('A', { 'idempotency-key': 'header-is-not-the-key' }) })
       expect([res.status, res.json.code], body).toEqual([400, 'unreadable_body'])
     }
     const missing = await post(`${fx.gw.url}/v2/checkout/orders`, undefined, { headers: await as('A', { 'x-order': 'o3' }) })
     expect(missing.json.detail).toBe('route paypal requires header paypal-request-id')
-    expect(await audit('code=idempotency_key_required')).toHaveLength(4)
-    expect(await audit('code=unreadable_body')).toHaveLength(unreadableBefore + 2)
+    expect(await audit('code=idempotency_key_required')).toHaveLength(3)
+    expect(await audit('code=unreadable_body')).toHaveLength(unreadableBefore + 3)
     expect(executions()).toBe(before)
   })
 

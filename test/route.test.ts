@@ -373,6 +373,7 @@ describe('resolveEntity', () => {
     ['an integer written as a fraction (an upstream may read 42.0)', '{"id":42.0}'],
     ['an integer written with an exponent', '{"id":1e3}'],
     ['minus zero', '{"id":-0}'],
+    ['null (an upstream may take it for absent or for a value)', '{"id":null}'],
     ['an integer beyond 2^53 (two ids would collide)', '{"id":12345678901234567890}'],
   ])('refuses body.id as unreadable when it is %s, never reading it as absent', (_name, body) => {
     const err = caught(() => resolve('t:{body.id}', { body }))
@@ -385,7 +386,6 @@ describe('resolveEntity', () => {
   })
 
   it.each([
-    ['null', '{"id":null}'],
     ['an empty string', '{"id":""}'],
     ['a missing key', '{"other":"1"}'],
     ['an absent body', undefined],
@@ -401,6 +401,7 @@ describe('resolveEntity', () => {
   it('reports the full body path when an intermediate node is missing or not an object', () => {
     expect(unresolved('{body.a.b.c}', { body: '{"a":{"b":"str"}}' }).extras).toEqual({ source: 'body.a.b.c' })
     expect(unresolved('{body.a.b.c}', { body: '{"a":null}' }).extras).toEqual({ source: 'body.a.b.c' })
+    expect(unresolved('{body.a.b.c}', { body: '{"a":[]}' }).extras).toEqual({ source: 'body.a.b.c' })
     expect(unresolved('{body.a.b.c}', { body: '{}' }).extras).toEqual({ source: 'body.a.b.c' })
   })
 

@@ -112,7 +112,7 @@ function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Tra
   const match = rules.router.match(request.method, url.pathname)
   if (!match) throw new FencegateError('no_route', `no route for ${request.method} ${url.pathname}`)
   trace.route = match.route
-  refuseMethodOverride(request.headers, url)
+  refuseMethodOverride(url)
   trace.auditEntity = () => entityOf(match.route, entitySources(request, url, match.params, new Uint8Array(0)))
   return { ...match, rules }
 }

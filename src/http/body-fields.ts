@@ -16,7 +16,8 @@ import { FencegateError } from './problems.js'
 export interface BodyFields {
   /**
    * The value at a path: a string, or an integer written as one (`42`, not `42.0`), as text;
-   * undefined when absent or null. Refuses (`unreadable_body`) a value of another kind, a
+   * undefined when absent. Refuses (`unreadable_body`) `null` (an upstream may take it for
+   * absent or for a value), a value of another kind, a
    * form field given twice, and a key that is absent but present in another case
    * (`TENANT_ID` for `tenant_id`), which Go's and ASP.NET's readers take for it.
    */
@@ -86,7 +87,7 @@ function formFields(text: string): BodyFields {
 }
 
 function valueOf(node: unknown, path: readonly string[]): string | undefined {
-  if (node === undefined || node === null) return undefined
+  if (node === undefined) return undefined
   if (typeof node === 'string') return node
   if (node === ambiguousField) throw unreadable(`body.${path.join('.')} is given more than once; which one counts is ambiguous`)
   throw unreadable(`body.${path.join('.')} is not a string or an integer`)
