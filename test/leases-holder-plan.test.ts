@@ -64,7 +64,7 @@ describe.each(backends())('holder statements reach the job by primary key at any
     const steps: [string, (tx: Db) => Promise<unknown>][] = [
       ['heartbeat', (tx) => createJobStore(tx).heartbeat(h, types)],
       ['append', (tx) => createJobStore(tx).append(h, 0, { part: 1 })],
-      ['fg_lease_live', (tx) => tx.sql`SELECT fg_lease_live(${h.tenant}, ${h.jobId}::bigint, ${h.fence}::bigint)`],
+      ['fg_lease_live', (tx) => tx.sql`SELECT fg_lease_live(${h.tenant}, ${h.jobId}::bigint, ${h.fence}::bigint, NULL)`],
       ['failOverRuntime', (tx) => createJobStore(tx).failOverRuntime(h, types)],
       ['complete', (tx) => createJobStore(tx).complete(h, { done: true }, audit)],
       ['complete again', (tx) => createJobStore(tx).complete(h, { done: true }, audit)],

@@ -82,9 +82,14 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
       await start()
       expect((await post(`${gw.url}/payments/1/capture`, '2')).status).toBe(200)
       expect(foreign.received[1]!.headers.authorization).toBeUndefined()
-      // Back on the file's origin (another path there is the same origin), the credential is sent again.
+      // On the file's origin under another base path it is still withheld (it followed the origin alone before):
+      // the upstream path is not one the file sends (test/rule-credentials.test.ts has the rest).
       expect((await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(`${upstream.url}/v2`) })).status).toBe(200)
       expect((await post(`${gw.url}/payments/1/capture`, '3')).status).toBe(200)
+      expect(upstream.received.at(-1)!.headers.authorization).toBeUndefined()
+      // Back as the file has it, the credential is sent again.
+      expect((await admin(gw.adminUrl, '/rules/capture', { method: 'PUT', body: route(upstream.url) })).status).toBe(200)
+      expect((await post(`${gw.url}/payments/1/capture`, '4')).status).toBe(200)
       expect(upstream.received.at(-1)!.headers.authorization).toBe('Bearer file-only-secret')
     } finally {
       await foreign.close()
@@ -164,6 +169,7 @@ describe.each(backends())('rules at runtime ($name)', (backend) => {
     ['a field the schema refuses', { fence: 'sometimes' }, 'fence'],
     ['upstream credentials', { upstream_headers: { Authorization: 'Bearer x' } }, 'upstream_headers'],
     ['upstream TLS files', { upstream: 'https://psp.example.com', upstream_tls: { ca_file: '/etc/ssl/psp.pem' } }, 'upstream_tls'],
+    ['the callers\' tokens passed on', { forward_authorization: true }, 'forward_authorization'],
     ['a second route for the same requests', { path: '/payments/:other/capture', entity: 'invoice:{params.other}' }, 'another route already matches'],
     ['an entity template naming a missing param', { entity: 'invoice:{params.nope}' }, 'params.nope'],
     ['a key template naming a missing param', { path: '/bad/:invoice_id', idempotency: 'required', idempotency_key: 'k:{params.nope}' }, 'idempotency_key: uses params.nope'],

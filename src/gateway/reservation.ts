@@ -28,7 +28,8 @@ export async function answerReservation(ctx: Pick<PipelineContext, 'store' | 'me
   switch (r.kind) {
     case 'proceed': return undefined
     case 'stale': throw staleFenceError(trace.entity!, trace.fence!, r.highest)
-    case 'lease_expired': throw new FencegateError('lease_expired', `fence ${trace.fence} is not the current token of a live lease on ${trace.entity}`, { entity: trace.entity!, presented_fence: trace.fence! })
+    // One answer whether the fence is wrong or the lease is another subject's: a guesser learns nothing of the live fence.
+    case 'lease_expired': throw new FencegateError('lease_expired', `fence ${trace.fence} is not the current token of a live lease on ${trace.entity} held by this caller`, { entity: trace.entity!, presented_fence: trace.fence! })
     case 'replay': return replayAnswer(r.stored, trace.requestId)
     case 'reused': throw new FencegateError('idempotency_key_reused', 'this Idempotency-Key was used with a different method, path, query or body')
     case 'not_replayable': throw new FencegateError('response_not_replayable', 'the original response was larger than max_stored_body; it is not executed again')

@@ -18,7 +18,8 @@ export async function claimHandler(ctx: JobsContext, { request, requestId, ident
   const wanted = ctx.typesFor(body.types)
   // Every id is checked against the token before anything is claimed: one foreign slot refuses the whole claim.
   const workerIds = body.worker_ids?.map((given) => workerOf(identity, given))
-  const claim = { tenant: identity.tenant, workerId: workerIds?.[0] ?? workerOf(identity, body.worker_id), workerIds, types: wanted, max: body.max }
+  // The token's sub is recorded as the holder (null without auth): what every holder check compares.
+  const claim = { tenant: identity.tenant, workerId: workerIds?.[0] ?? workerOf(identity, body.worker_id), workerIds, sub: identity.caller, types: wanted, max: body.max }
   // With `max`, the answer is a list (`{"jobs": [...]}`); without it, the one job itself, as before.
   const answer = (claimed: Claimed[]) => {
     if (notes) noteClaim(notes, claimed, body.max !== undefined)
@@ -63,7 +64,7 @@ function noteClaim(notes: JobSpanNotes, claimed: Claimed[], batch: boolean): voi
 /** Claims once; jobs out of attempts are finished by the claim itself, so it goes on until one runs or none is left. */
 async function claimRound(ctx: JobsContext, c: ClaimRequest & { max: number | undefined }): Promise<Claimed[]> {
   for (let i = 0; i < 100; i++) {
-    const request = { tenant: c.tenant, workerId: c.workerId, ...(c.workerIds ? { workerIds: c.workerIds } : {}), types: c.types }
+    const request = { tenant: c.tenant, workerId: c.workerId, sub: c.sub ?? null, ...(c.workerIds ? { workerIds: c.workerIds } : {}), types: c.types }
     // claimOne keeps its own store-call metric (call="claimOne") for one-job claims.
     const all = c.max === undefined ? [await ctx.jobs.claimOne(request)].filter((one) => one !== undefined) : await ctx.jobs.claimJobs({ ...request, max: c.max })
     if (all.length === 0) return []

@@ -208,13 +208,15 @@ async function view(ctx: JobsContext, { request, requestId, identity, jobId }: J
 function holder(call: JobCall, body: { worker_id: string; fence: string }): Holder {
   // Noted before any statement, so a refused call's span shows the fence it presented.
   if (call.notes) call.notes.fence = body.fence
-  return { tenant: call.identity.tenant, jobId: call.jobId, workerId: workerOf(call.identity, body.worker_id), fence: body.fence }
+  // The token's sub (null without auth) is compared exactly with the one the claim recorded: the worker id's prefix proves nothing.
+  return { tenant: call.identity.tenant, jobId: call.jobId, workerId: workerOf(call.identity, body.worker_id), fence: body.fence, sub: call.identity.caller }
 }
 
 /** Why a holder statement changed nothing, as the problem to answer (and a log line and metric). */
 async function lost(ctx: JobsContext, h: Holder, code: 'lease_lost' | 'not_owner' = 'lease_lost'): Promise<FencegateError> {
   const reason = await ctx.jobs.lostReason(h)
   if (reason === 'not_found') return new FencegateError('job_not_found', 'no such job')
+  if (reason === 'foreign') return new FencegateError('worker_mismatch', 'the lease is held under another token\'s sub; a worker id that starts with this sub and "/" is not this token\'s lease')
   ctx.log.info(code === 'not_owner' ? 'result_rejected' : 'heartbeat_lost', { job_id: h.jobId, fence: h.fence, reason })
   if (code === 'not_owner') ctx.metrics.resultRejected({ reason })
   return new FencegateError(code, `this worker and fence no longer hold the job (${reason})`, { reason })

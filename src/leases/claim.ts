@@ -52,6 +52,12 @@ export interface ClaimRequest {
    */
   workerIds?: string[]
   types: JobType[]
+  /**
+   * The claiming token's `sub`, recorded as the lease's holder (owner_sub, migrations/0019):
+   * every holder statement and every `fence: lease` command compares it exactly. Absent or
+   * null without auth.
+   */
+  sub?: string | null
   /** Jobs to take in this one statement, 1 to {@link maxClaimBatch}; default 1. */
   max?: number
 }
@@ -77,7 +83,7 @@ export async function claimJobs(db: Db, c: ClaimRequest): Promise<ClaimedRow[]> 
   // at 100,000 queued). PostgreSQL then rolls the claim back whole: it is claimed again.
   return retryRolledBack(async () => {
     if (max === 1 && c.types.length === 1) {
-      const row = await claimOneOfType(db, c.tenant, c.workerIds?.[0] ?? c.workerId, c.types[0]!)
+      const row = await claimOneOfType(db, c.tenant, c.workerIds?.[0] ?? c.workerId, c.sub ?? null, c.types[0]!)
       return row ? [row] : []
     }
     return claimBatch(db, c, max)
@@ -88,7 +94,7 @@ export async function claimJobs(db: Db, c: ClaimRequest): Promise<ClaimedRow[]> 
  * The common case, one job of one type, with every limit a constant: its generic plan
  * is as good as a custom one, so PostgreSQL plans it once per connection, not per claim.
  */
-async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobType): Promise<ClaimedRow | undefined> {
+async function claimOneOfType(db: Db, tenant: string, workerId: string, sub: string | null, t: JobType): Promise<ClaimedRow | undefined> {
   const [row] = await db.sql<ClaimedRow>`
     WITH due AS (
       SELECT id, run_after AS at, false AS reclaimed FROM fg_jobs
@@ -106,6 +112,7 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
       error_code = CASE WHEN j.cancel_requested THEN j.error_code WHEN j.attempt >= ${t.max_attempts}::integer THEN 'max_attempts' ELSE j.error_code END,
       finished_at = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN now() END,
       owner = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN NULL ELSE ${workerId} END,
+      owner_sub = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN NULL ELSE ${sub}::text END,
       fence = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN j.fence ELSE j.fence + 1 END,
       attempt = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN j.attempt ELSE j.attempt + 1 END,
       lease_until = CASE WHEN j.cancel_requested OR j.attempt >= ${t.max_attempts}::integer THEN NULL ELSE now() + ${t.lease}::bigint * interval '1 millisecond' END,
@@ -129,7 +136,7 @@ async function claimOneOfType(db: Db, tenant: string, workerId: string, t: JobTy
  * constant `LIMIT 100` tells the planner how few rows reach the update, so even a
  * generic plan finds them by primary key rather than hashing the table.
  */
-async function claimBatch(db: Db, { tenant, workerId, workerIds, types }: ClaimRequest, max: number): Promise<ClaimedRow[]> {
+async function claimBatch(db: Db, { tenant, workerId, workerIds, types, sub }: ClaimRequest, max: number): Promise<ClaimedRow[]> {
   // `max` is written into the text: bound, it kept PostgreSQL planning this statement on
   // every call (362 µs of planning to 401 µs of execution at 20,000 queued).
   const limit = inlined(max)
@@ -157,6 +164,7 @@ async function claimBatch(db: Db, { tenant, workerId, workerIds, types }: ClaimR
         finished_at = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN now() END,
         owner = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL
           ELSE coalesce(${owners}::text::jsonb ->> (c.n - 1)::integer, ${workerId}) END,
+        owner_sub = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE ${sub ?? null}::text END,
         fence = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.fence ELSE j.fence + 1 END,
         attempt = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN j.attempt ELSE j.attempt + 1 END,
         lease_until = CASE WHEN j.cancel_requested OR j.attempt >= c.max_attempts THEN NULL ELSE now() + c.lease_ms * interval '1 millisecond' END,

@@ -52,7 +52,7 @@ export function createJobCompleter(db: Db, schedule?: Schedule) {
 /** One statement for the whole batch (fg_complete_jobs, migrations/0010): the rows come as JSON, so its text never changes. */
 async function completeAll(db: Db, batch: Completing[]): Promise<JobCompletion[]> {
   const rows = batch.map((c, i) => ({
-    i, job_id: c.holder.jobId, tenant: c.holder.tenant, owner: c.holder.workerId, fence: c.holder.fence,
+    i, job_id: c.holder.jobId, tenant: c.holder.tenant, owner: c.holder.workerId, sub: c.holder.sub ?? null, fence: c.holder.fence,
     result: c.result, path: c.audit.path, caller: c.audit.caller, request_id: c.audit.requestId, trace_id: c.audit.traceId ?? null,
   }))
   const decided = await db.sql<{ i: number; completed: boolean; repeated: boolean }>`

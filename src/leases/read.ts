@@ -20,15 +20,20 @@ export interface JobView {
   error_code: string | null
 }
 
-/** Explains why a holder's statement matched nothing (read after the fact, for the error only). */
-export async function lostReason(db: Db, h: Holder): Promise<LostReason> {
-  const [row] = await db.sql<{ state: string; owner: string | null; fence: string; live: boolean; cancel_requested: boolean }>`
-    SELECT state, owner, fence::text, coalesce(lease_until > now(), false) AS live, cancel_requested
+/**
+ * Explains why a holder's statement matched nothing (read after the fact, for the error only).
+ * `foreign`: the job is held as this worker id, but under another token's `sub` (a token whose
+ * sub is `svc` naming `svc/payments`, the worker of the token whose sub is `svc/payments`).
+ */
+export async function lostReason(db: Db, h: Holder): Promise<LostReason | 'foreign'> {
+  const [row] = await db.sql<{ state: string; owner: string | null; owner_sub: string | null; fence: string; live: boolean; cancel_requested: boolean }>`
+    SELECT state, owner, owner_sub, fence::text, coalesce(lease_until > now(), false) AS live, cancel_requested
     FROM fg_jobs WHERE id = ${h.jobId}::bigint AND tenant = ${h.tenant}`
   if (!row) return 'not_found'
   if (row.state === 'cancelled' || (row.cancel_requested && row.state === 'running')) return 'cancelled'
   if (row.state === 'succeeded' || row.state === 'failed') return 'finished'
   if (row.state === 'queued' && row.owner === null && row.fence === h.fence) return 'released'
+  if (row.state === 'running' && row.owner === h.workerId && row.owner_sub !== (h.sub ?? null)) return 'foreign'
   if (row.fence !== h.fence || row.owner !== h.workerId) return 'superseded'
   return 'expired'
 }

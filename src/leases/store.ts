@@ -63,7 +63,7 @@ export async function startJob(db: Db, s: { tenant: string; type: string; key: s
  * Claims the earliest claimable job of the given types (see {@link claimJobs}); a job
  * out of attempts (or cancelled) comes back finished instead, and the caller claims again.
  */
-export async function claimOne(db: Db, c: { tenant: string; workerId: string; types: JobType[] }): Promise<ClaimedRow | undefined> {
+export async function claimOne(db: Db, c: Omit<ClaimRequest, 'max'>): Promise<ClaimedRow | undefined> {
   return (await claimJobs(db, { ...c, max: 1 }))[0]
 }
 
@@ -89,7 +89,7 @@ export async function heartbeat(db: Db, h: Holder, types: JobType[]) {
     UPDATE fg_jobs AS j SET lease_until = GREATEST(j.lease_until, now() + t.lease_ms * interval '1 millisecond')
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
-      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
+      AND j.owner_sub IS NOT DISTINCT FROM ${h.sub ?? null}::text AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now()
       AND j.started_at + t.max_runtime_ms * interval '1 millisecond' > now() THEN true ELSE false END
     RETURNING to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS lease_until, j.cancel_requested, j.type,
               t.lease_ms::integer AS lease_ms,
@@ -104,7 +104,7 @@ export async function failOverRuntime(db: Db, h: Holder, types: JobType[]): Prom
     UPDATE fg_jobs AS j SET state = 'failed', error_code = 'max_runtime', finished_at = now(), lease_until = NULL
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
-      AND j.fence = ${h.fence}::bigint AND j.state = 'running'
+      AND j.owner_sub IS NOT DISTINCT FROM ${h.sub ?? null}::text AND j.fence = ${h.fence}::bigint AND j.state = 'running'
       AND j.started_at + t.max_runtime_ms * interval '1 millisecond' <= now() THEN true ELSE false END
     RETURNING 1`
   return rows.length === 1
@@ -119,7 +119,7 @@ export async function append(db: Db, h: Holder, seq: number, chunk: unknown) {
     WITH live AS (
       SELECT id, cursor_length FROM fg_jobs
       WHERE id = ${h.jobId}::bigint AND CASE WHEN tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'running' AND lease_until > now() AND NOT cancel_requested THEN true ELSE false END
+        AND owner_sub IS NOT DISTINCT FROM ${h.sub ?? null}::text AND state = 'running' AND lease_until > now() AND NOT cancel_requested THEN true ELSE false END
       FOR UPDATE
     ), inserted AS (
       INSERT INTO fg_job_chunks (job_id, seq, chunk, fence)
@@ -148,7 +148,7 @@ export async function fail(db: Db, h: Holder, types: JobType[], error: unknown, 
       error = ${JSON.stringify(error ?? null)}::text::jsonb, owner = NULL, lease_until = NULL
     FROM jsonb_to_recordset(${typesJson(types)}::text::jsonb) AS t(name text, lease_ms bigint, max_attempts integer, backoff_ms bigint, max_runtime_ms bigint)
     WHERE j.id = ${h.jobId}::bigint AND t.name = j.type AND CASE WHEN j.tenant = ${h.tenant} AND j.owner = ${h.workerId}
-      AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now() THEN true ELSE false END
+      AND j.owner_sub IS NOT DISTINCT FROM ${h.sub ?? null}::text AND j.fence = ${h.fence}::bigint AND j.state = 'running' AND j.lease_until > now() THEN true ELSE false END
     RETURNING j.state, j.type
     ), woken AS (
       -- Back in the queue: wake waiting claims at commit (they find it once its backoff has passed).
@@ -178,7 +178,7 @@ export async function release(db: Db, h: Holder) {
         attempt = CASE WHEN cancel_requested THEN attempt ELSE attempt - 1 END,
         run_after = now(), owner = NULL, lease_until = NULL
       WHERE id = ${h.jobId}::bigint AND CASE WHEN tenant = ${h.tenant} AND owner = ${h.workerId} AND fence = ${h.fence}::bigint
-        AND state = 'running' AND lease_until > now() THEN true ELSE false END
+        AND owner_sub IS NOT DISTINCT FROM ${h.sub ?? null}::text AND state = 'running' AND lease_until > now() THEN true ELSE false END
       RETURNING state, type, attempt
     ), woken AS (
       -- Claimable at once: wake waiting claims at commit, as start and a retryable fail do.

@@ -9,6 +9,11 @@ export interface Holder {
   jobId: string
   workerId: string
   fence: string
+  /**
+   * The subject that holds the lease: the token's `sub` under auth, compared exactly with the
+   * one the claim recorded (never by the worker id's prefix). Absent or null without auth.
+   */
+  sub?: string | null
 }
 
 /**

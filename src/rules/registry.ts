@@ -1,9 +1,10 @@
-import type { Config, EntityRuleConfig, RouteConfig } from '../config/schema.js'
+import type { Config, EntityRuleConfig } from '../config/schema.js'
 import type { Logger } from '../observe/log.js'
 import { createRouter, type Router } from '../gateway/route.js'
 import type { Db } from '../store/db.js'
 import { storeCode } from '../store/db.js'
 import { compileEntityRules, type CompiledEntityRule } from './entities.js'
+import { credentialsOf, withFileCredentials, type UpstreamCredentials } from './credentials.js'
 import { entityRuleToRule, normalizeRule, routeToRule, validateRuleSet, type RawRule, type ValidRules } from './schema.js'
 import { canonical, changeRule, readRules, readRulesVersion, rulesChannel, seedRules, type RuleChangeRequest, type RuleChangeResult } from './store.js'
 
@@ -22,43 +23,21 @@ export interface RuleSource {
 }
 
 /**
- * Compiles validated rules. A route's `upstream_headers` and `upstream_tls` come from the configuration file by
- * route name, never from the stored rule, and only while the rule's upstream has the origin
- * (scheme, host, port) the file gave them with: a stored rule that points the route
- * elsewhere (through the rules API or straight into `fg_rule_versions`) carries none, so the
- * file's credential cannot be sent to a host the file did not name.
+ * Compiles validated rules. A route's `upstream_headers`, `upstream_tls` and
+ * `forward_authorization` come from the configuration file by route name, never from the
+ * stored rule, and only while the rule's requests stay inside the file entry's: its origin,
+ * its method and its upstream path (src/rules/credentials.ts). A stored rule that moves the
+ * route elsewhere (through the rules API or straight into `fg_rule_versions`) carries none,
+ * so the file's credential, and the callers' own tokens, go only where the file sends them.
  */
 export function compileRuleSet(version: number, valid: ValidRules, raw: RawRule[], credentials: ReadonlyMap<string, UpstreamCredentials>): RuleSet {
-  const routes: RouteConfig[] = valid.routes.map(({ upstream_tls: _stored, ...r }) => {
-    // The file's TLS only, like its headers: a stored rule's own would name files the file did not.
-    const own = credentials.get(r.name)
-    const tls = own && r.upstream.origin === own.origin ? own.tls : undefined
-    return { ...r, upstream_headers: credentialsFor(own, r.upstream), ...(tls ? { upstream_tls: tls } : {}) }
-  })
+  const routes = valid.routes.map((r) => withFileCredentials(r, credentials.get(r.name)))
   return { version, router: createRouter(routes), entityRules: compileEntityRules(valid.entityRules), raw }
 }
 
 /** The file's rules as seeds: canonical raw form, credentials left in the file. */
 export function rulesOfConfig(config: Pick<Config, 'routes' | 'entity_rules'>): RawRule[] {
   return [...config.routes.map(routeToRule), ...config.entity_rules.map((r: EntityRuleConfig) => entityRuleToRule(r))]
-}
-
-/** A route's credentials from the file (headers and TLS), with the upstream origin they belong to. */
-export interface UpstreamCredentials {
-  origin: string
-  headers: Record<string, string>
-  tls?: RouteConfig['upstream_tls']
-}
-
-/** The routes' upstream credentials by route name: they stay in the file, never in the database. */
-export function credentialsOf(config: Config): Map<string, UpstreamCredentials> {
-  return new Map(config.routes.filter((r) => Object.keys(r.upstream_headers).length > 0 || r.upstream_tls)
-    .map((r) => [r.name, { origin: r.upstream.origin, headers: r.upstream_headers, ...(r.upstream_tls ? { tls: r.upstream_tls } : {}) }]))
-}
-
-/** The headers when `upstream` has the credentials' origin; none otherwise. */
-export function credentialsFor(credentials: UpstreamCredentials | undefined, upstream: RouteConfig['upstream']): Record<string, string> {
-  return credentials && upstream.origin === credentials.origin ? credentials.headers : {}
 }
 
 /**

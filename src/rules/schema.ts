@@ -42,8 +42,9 @@ const ruleSetSchema = (authMode: 'none' | 'jwt', canAttest: boolean) => z.object
  * Validates a whole rule set with the config file's own schemas: each rule on
  * its own, then the checks across rules (duplicate names, two routes matching
  * one request, scopes without auth). Upstream credentials are not rules: a
- * rule naming `upstream_headers` is refused, because rules are stored in the
- * database and shown by the admin API (see docs/rules.md). `canAttest` says
+ * rule naming `upstream_headers`, `upstream_tls` or `forward_authorization` is
+ * refused, because rules are stored in the database, shown by the admin API and
+ * written by any `fencegate:admin` token (see docs/rules.md). `canAttest` says
  * whether the gateway has an attestation key; it defaults to true only for
  * the CLI's early check, which cannot know, and a gateway passes its own.
  *
@@ -58,6 +59,10 @@ export function validateRuleSet(rules: RawRule[], authMode: 'none' | 'jwt', canA
     }
     if (kindOf(r) === 'route' && Object.hasOwn(r, 'upstream_tls')) {
       problems.push(`${r.name}: upstream_tls: certificates and CAs stay in each gateway's configuration file, which reads them at start and applies them by route name`)
+    }
+    // A rule that passes callers' tokens on would hand every tenant's token to whoever writes rules.
+    if (kindOf(r) === 'route' && Object.hasOwn(r, 'forward_authorization')) {
+      problems.push(`${r.name}: forward_authorization: whether callers' tokens reach the upstream is set in each gateway's configuration file only, which applies it by route name`)
     }
   }
   const input = { routes: rules.filter((r) => kindOf(r) === 'route'), entity_rules: rules.filter((r) => kindOf(r) === 'entity') }
@@ -76,11 +81,26 @@ export function validateRuleSet(rules: RawRule[], authMode: 'none' | 'jwt', canA
 /**
  * The canonical raw form of a validated route, as the config file's seed is
  * stored: durations in milliseconds, the upstream as one URL, and without
- * `upstream_headers` and `upstream_tls` (credentials never leave the configuration file).
+ * `upstream_headers`, `upstream_tls` and `forward_authorization` (credentials, and
+ * whether callers' tokens are passed on, never leave the configuration file).
  */
 export function routeToRule(r: RouteConfig): RawRule {
-  const { upstream, upstream_headers: _credentials, upstream_tls: _tls, ...rest } = r
+  const { upstream, upstream_headers: _credentials, upstream_tls: _tls, forward_authorization: _forward, ...rest } = r
   return { ...rest, upstream: upstream.origin + upstream.basePath }
+}
+
+/** The route fields only the configuration file sets (src/rules/credentials.ts applies them by route name). */
+export const fileOnlyFields = ['upstream_headers', 'upstream_tls', 'forward_authorization'] as const
+
+/**
+ * A stored route without `forward_authorization`: versions seeded before it became file-only
+ * carry it (with its default written out), and it is the file's, whatever they say.
+ * Anything else is returned as stored, so validation still refuses it.
+ */
+export function withoutStoredForwarding(rule: RawRule): RawRule {
+  if (kindOf(rule) !== 'route' || !Object.hasOwn(rule, 'forward_authorization')) return rule
+  const { forward_authorization: _ignored, ...rest } = rule
+  return rest as RawRule
 }
 
 /**
@@ -96,7 +116,7 @@ export function normalizeRule(rule: RawRule): RawRule {
   const parsed = routeSchema.safeParse(rule)
   if (!parsed.success) return rule
   // Kept when present so that validation still names them.
-  const kept = Object.fromEntries(['upstream_headers', 'upstream_tls'].filter((k) => Object.hasOwn(rule, k)).map((k) => [k, rule[k]]))
+  const kept = Object.fromEntries(fileOnlyFields.filter((k) => Object.hasOwn(rule, k)).map((k) => [k, rule[k]]))
   return { ...routeToRule(parsed.data), ...kept }
 }
 

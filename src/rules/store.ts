@@ -1,6 +1,6 @@
 import type { Db } from '../store/db.js'
 import { FencegateError } from '../http/problems.js'
-import { kindOf, normalizeRule, type RawRule, type RuleKind } from './schema.js'
+import { kindOf, normalizeRule, withoutStoredForwarding, type RawRule, type RuleKind } from './schema.js'
 
 /** The channel every rule change is announced on; the payload is the new version. */
 export const rulesChannel = 'fencegate_rules'
@@ -28,7 +28,10 @@ export interface RuleChange {
 
 interface CurrentRow { top: string; name: string | null; rule: string | null }
 
-/** Reads the current rules and their version in one statement, so both come from one snapshot. */
+/**
+ * Reads the current rules and their version in one statement, so both come from one snapshot.
+ * A stored `forward_authorization` is left out: it is the file's alone (src/rules/credentials.ts).
+ */
 export async function readRules(db: Db): Promise<StoredRules> {
   const rows = await db.sql<CurrentRow>`
     SELECT t.top::text AS top, l.name, l.rule::text AS rule
@@ -39,7 +42,7 @@ export async function readRules(db: Db): Promise<StoredRules> {
     ORDER BY l.name`
   return {
     version: Number(rows[0]?.top ?? 0),
-    rules: rows.flatMap((r) => (r.rule === null ? [] : [JSON.parse(r.rule) as RawRule])),
+    rules: rows.flatMap((r) => (r.rule === null ? [] : [withoutStoredForwarding(JSON.parse(r.rule) as RawRule)])),
   }
 }
 

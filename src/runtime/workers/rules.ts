@@ -1,6 +1,7 @@
 import type { Config } from '../../config/schema.js'
 import type { Logger } from '../../observe/log.js'
-import { compileRuleSet, credentialsOf, rulesOfConfig, type RuleRegistry, type RuleSet } from '../../rules/registry.js'
+import { credentialsOf } from '../../rules/credentials.js'
+import { compileRuleSet, rulesOfConfig, type RuleRegistry, type RuleSet } from '../../rules/registry.js'
 import { validateRuleSet, type RawRule } from '../../rules/schema.js'
 import { changeRule, readRules, readRulesVersion, seedRules } from '../../rules/store.js'
 import { storeCode, StoreError, type Db } from '../../store/db.js'
