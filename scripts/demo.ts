@@ -16,7 +16,7 @@ const config = parseConfig({
   store: { data_dir: dataDir },
   routes: [{
     name: 'capture-payment', method: 'POST', path: '/payments/:invoice_id/capture', upstream: upstream.url,
-    entity: 'invoice:{params.invoice_id}', fence: 'required', idempotency: 'required',
+    entity: 'invoice:{params.invoice_id:int}', fence: 'required', idempotency: 'required',
   }],
 })
 const gateway = await startGateway({ config, log: silentLogger })
