@@ -65,7 +65,7 @@ export async function claimHandler(ctx: JobsContext, { request, requestId, ident
 function refuseOverCap(err: unknown): never {
   if (!(err instanceof TooManyWaiting)) throw err
   throw new FencegateError('too_many_waiting_claims',
-    `this tenant already has ${err.limit} claims waiting on this gateway process; claim again after Retry-After, or without wait`,
+    `this gateway process already holds ${err.limit} waiting claim${err.limit === 1 ? '' : 's'} of this tenant, its most; claim again after Retry-After, or without wait`,
     { waiting_limit: err.limit }, retryAfter(1000))
 }
 
