@@ -537,7 +537,7 @@ describe('${VAR} expansion', () => {
     expect(config.server.host).toBe(value)
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
-    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'audit', 'fence_history'])
+    expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'job_waiting_claims', 'audit', 'fence_history'])
     expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
@@ -674,6 +674,13 @@ describe('job types and lease-bound routes', () => {
     expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '45s' }, { name: 'a', lease: '1m' }] }))).toEqual([expect.stringMatching(/^job_types\[1\]\.name: duplicate/)])
     expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '10m', max_runtime: '1m' }] }))).toEqual([expect.stringMatching(/^job_types\[0\]\.max_runtime: /)])
     expect(problemsOf(() => parseConfig({ routes: [route()], job_types: [{ name: 'a', lease: '100ms' }] }))).toEqual([expect.stringMatching(/^job_types\[0\]\.lease: /)])
+  })
+  it('caps waiting claims per tenant at job_waiting_claims (default 100), and refuses a cap that is not a positive integer', () => {
+    expect(parseConfig({ routes: [route()] }).job_waiting_claims).toBe(100)
+    expect(parseConfig({ routes: [route()], job_waiting_claims: '300' }).job_waiting_claims).toBe(300)
+    for (const bad of [0, -1, 1.5, 'many', 100_001]) {
+      expect(problemsOf(() => parseConfig({ routes: [route()], job_waiting_claims: bad }))).toEqual([expect.stringMatching(/^job_waiting_claims: /)])
+    }
   })
   it('fence: lease needs an entity of the form job:{...}', () => {
     expect(parseConfig({ routes: [route({ fence: 'lease', entity: 'job:{header.X-Job-Id}' })] }).routes[0]!.fence).toBe('lease')

@@ -5,74 +5,15 @@
  * interval: ten minutes where a wake-up must be the notification's, since no test here
  * runs that long, and a short one where the tick itself is under test.
  */
-import type { Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import postgres from 'postgres'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createDataPlane } from '../src/gateway/app.js'
-import { createJobStore, type JobStore } from '../src/leases/store.js'
-import { createClaimWake, defaultFallbackMs, type ClaimWake } from '../src/leases/wake.js'
-import { dataPlaneListener, listen } from '../src/runtime/node/gateway.js'
-import { createUndiciForward } from '../src/runtime/node/forward.js'
-import { silentLogger } from '../src/observe/log.js'
+import { createClaimWake, defaultFallbackMs } from '../src/leases/wake.js'
 import { backends, type TestDb } from './helpers/backends.js'
-import { route, testConfig } from './helpers/gateway.js'
+import { call, serveClaims, until, type ClaimGateway as Served } from './helpers/claim-gateway.js'
 
-const jobTypes = [
-  { name: 'report', lease: '45s', max_attempts: 3, backoff: '0s' },
-  { name: 'other', lease: '45s' },
-]
 /** Longer than any test here may take: a wake-up within a test is never this tick. */
 const notificationOnly = 10 * 60_000
-
-interface Served {
-  url: string
-  wake: ClaimWake
-  jobs: JobStore
-  close(): Promise<void>
-}
-
-/** The real data app over loopback HTTP, with the claim wake injected. */
-async function serve(t: TestDb, fallbackMs: number): Promise<Served> {
-  const config = testConfig([route('http://127.0.0.1:9')], { job_types: jobTypes })
-  const jobs = createJobStore(t.db)
-  const wake = createClaimWake({ listen: jobs.listenForWork, fallbackMs })
-  const undici = createUndiciForward()
-  // Served as `fencegate serve` serves it: Node's data plane, straight off the socket.
-  const plane = createDataPlane({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
-  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/_fencegate/jobs`,
-    wake,
-    jobs,
-    async close() {
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve())
-        if ('closeAllConnections' in server) server.closeAllConnections()
-      })
-      await wake.close()
-      await undici.close()
-    },
-  }
-}
-
-async function call(url: string, body?: unknown, init: { method?: string; signal?: AbortSignal } = {}) {
-  const res = await fetch(url, {
-    method: init.method ?? 'POST', headers: { 'content-type': 'application/json' },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }), ...(init.signal ? { signal: init.signal } : {}),
-  })
-  const text = await res.text()
-  return { status: res.status, json: text ? JSON.parse(text) : undefined }
-}
-
-/** Polls a condition on state (the wake's counters or the database), never a fixed sleep. */
-async function until(what: string, check: () => boolean | Promise<boolean>, limitMs = 15_000): Promise<void> {
-  const giveUp = performance.now() + limitMs
-  while (!(await check())) {
-    if (performance.now() > giveUp) throw new Error(`timed out waiting until ${what}`)
-    await new Promise((resolve) => setTimeout(resolve, 5))
-  }
-}
+const serve = (t: TestDb, fallbackMs: number) => serveClaims(t, { fallbackMs })
 
 const waitingIs = (s: Served, n: number) => until(`${n} claim(s) wait`, () => s.wake.stats().waiting === n && s.wake.stats().listening)
 

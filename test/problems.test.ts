@@ -7,6 +7,7 @@ import { problemMediaType, type ErrorEnvelope } from '../src/http/envelopes.js'
 import { fingerprint } from '../src/gateway/idempotency.js'
 import { browserGuard } from '../src/http/browser-guard.js'
 import { createJobStore } from '../src/leases/store.js'
+import { createClaimWake, type ClaimWake } from '../src/leases/wake.js'
 import { silentLogger } from '../src/observe/log.js'
 import { startRuleRegistry, type RuleRegistry } from '../src/rules/registry.js'
 import type { Db } from '../src/store/db.js'
@@ -18,7 +19,7 @@ import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { closedPort, startUpstream, type TestUpstream } from './helpers/upstream.js'
 import { makeTestPki, type TestPki } from './helpers/tls.js'
 
-type Apps = { guarded: ReturnType<typeof createApp>; guardedAdmin: ReturnType<typeof createAdminApp>; refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
+type Apps = { capped: { app: ReturnType<typeof createApp>; wake: ClaimWake }; guarded: ReturnType<typeof createApp>; guardedAdmin: ReturnType<typeof createAdminApp>; refusing: (code: DurabilityRefusalCode) => ReturnType<typeof createApp>; db: Db; store: Store; authData: ReturnType<typeof createApp>; data: ReturnType<typeof createApp>; admin: ReturnType<typeof createAdminApp>; brokenData: ReturnType<typeof createApp>; faultyData: ReturnType<typeof createApp> }
 const keyed = (key: string): RequestInit => ({ method: 'POST', body: '{}', headers: { 'x-execution-fence': '1', 'idempotency-key': key } })
 const claimOf = (key: string, fp: string): Command => ({
   tenant: 'default', route: 'keyed', entity: null, fence: null, method: 'POST', path: '/keyed/1', bodySha256: null, caller: null, requestId: key,
@@ -96,6 +97,21 @@ const triggers: Record<ProblemCode, (apps: Apps) => Response | Promise<Response>
     const { job_id } = await (await data.request('/_fencegate/jobs', json({ type: 'report', key: 'never-claimed' }))).json() as { job_id: string }
     return admin.request(`/jobs/${job_id}/release`, { method: 'POST' })
   },
+  // One claim waits (the tenant's cap is 1 here), so a second waiting claim is refused; test/leases-wait-shared.test.ts has the rest.
+  too_many_waiting_claims: async ({ capped }) => {
+    const leaving = new AbortController()
+    const first = Promise.resolve(capped.app.request('/_fencegate/jobs/claim', { ...json({ worker_id: 'w1', types: ['idle'], wait: 30 }), signal: leaving.signal }))
+    let answered = false
+    void first.then(() => (answered = true))
+    while (capped.wake.stats().waiting < 1) {
+      if (answered) throw new Error('the first claim answered instead of waiting')
+      await new Promise((resolve) => setTimeout(resolve, 5))
+    }
+    const refused = await capped.app.request('/_fencegate/jobs/claim', json({ worker_id: 'w2', types: ['idle'], wait: 1 }))
+    leaving.abort()
+    expect((await first).status).toBe(204)
+    return refused
+  },
   job_not_retryable: async ({ data, admin }) => {
     const { job_id } = await (await data.request('/_fencegate/jobs', json({ type: 'report', key: 'still-queued' }))).json() as { job_id: string }
     return admin.request(`/jobs/${job_id}/retry`, { method: 'POST' })
@@ -129,13 +145,13 @@ const envelopeTypes: Record<ProblemCode, ClientErrorType> = {
   invalid_fence: I, fence_required: I, entity_unresolved: I, stale_fence: I, body_too_large: I,
   invalid_idempotency_key: I, idempotency_key_required: I, request_in_progress: K, idempotency_key_reused: K,
   response_not_replayable: K, outcome_unknown: A, key_not_releasable: K, upstream_unreachable: A, upstream_timeout: A, upstream_tls_failed: A,
-  store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, job_not_running: I, job_not_retryable: I, lease_lost: I, not_owner: I,
+  store_unavailable: A, store_not_replicated: A, store_identity_changed: A, store_lost_commits: A, unknown_job_type: I, job_not_found: I, job_finished: I, job_not_running: I, job_not_retryable: I, too_many_waiting_claims: I, lease_lost: I, not_owner: I,
   sequence_conflict: I, lease_expired: I, invalid_query: I, entity_frozen: I, entity_busy: I, invalid_rule: I,
   rules_version_conflict: I, not_found: I, host_not_allowed: I, cross_site_request: I, unsupported_media_type: I, unreadable_body: I, internal_error: A,
 }
 
 /** Refusals a retry can help with: they carry Retry-After and the route's hint says true; all others carry neither. */
-const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailable', 'store_not_replicated', 'entity_busy', 'upstream_unreachable'])
+const transient = new Set<ProblemCode>(['request_in_progress', 'store_unavailable', 'store_not_replicated', 'entity_busy', 'upstream_unreachable', 'too_many_waiting_claims'])
 /** Codes answered on a matched route, so they carry the route's `retry_hint_header` (job and admin APIs have none). */
 const onRoute = new Set<ProblemCode>(['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'invalid_fence', 'fence_required',
   'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress',
@@ -217,7 +233,8 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
       route(upstream.url, { name: 'slow-keyed', path: '/slow-keyed/:id', entity: 'sk:{params.id}', idempotency: 'required', timeout_ms: 100 }),
       route(upstream.url, { name: 'serial', path: '/serial/:id', entity: 'se:{params.id}', ordering: 'serialize', ordering_wait: 10 }),
     ].map(onRouteOf), {
-      server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }],
+      // No job of type idle is ever started: a claim of it waits.
+      server: { max_request_body: 1024 }, job_types: [{ name: 'report', lease: '45s' }, { name: 'idle', lease: '45s' }],
       entity_rules: [{ name: 'freeze', entity_match: 'invoice:frozen', frozen: true }],
     })
     const authConfig = testConfig([
@@ -227,7 +244,9 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
     ].map(onRouteOf), { auth: jwtAuth, job_types: [{ name: 'report', lease: '45s' }] })
     registry = await startRuleRegistry({ db: t.db, config, log: silentLogger })
     const a = <T extends Parameters<typeof accepting>[0]>(app: T) => accepting(app, accept)
+    const cappedWake = createClaimWake({ listen: createJobStore(t.db).listenForWork, maxWaitingPerTenant: 1, fallbackMs: 10 * 60_000 })
     apps = {
+      capped: { app: a(createApp({ config, store: t.store, forward: undici.forward, jobs: createJobStore(t.db), claimWake: cappedWake })), wake: cappedWake },
       guarded: a(createApp({ config, store: t.store, forward: undici.forward, browserGuard: browserGuard('127.0.0.1') })),
       guardedAdmin: a(createAdminApp({ store: t.store, browserGuard: browserGuard('127.0.0.1') })),
       refusing: (code) => a(createApp({ config, store: createStore(t.db, { durability: { ...localDurability, admit: () => { throw new DurabilityRefusal(code, `refused: ${code}`) } } }), forward: undici.forward })),
@@ -242,6 +261,7 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
     }
   })
   afterAll(async () => {
+    await apps?.capped.wake.close()
     await registry?.close()
     await undici.close()
     await upstream?.close()
@@ -274,7 +294,7 @@ describe.each(renderings)('every problem code, envelope $envelope, Accept $accep
   })
 
   it('never turns a client mistake into a 5xx', () => {
-    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'job_not_running', 'job_not_retryable', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type', 'unreadable_body'] as const
+    const clientCodes = ['unauthenticated', 'tenant_missing', 'tenant_mismatch', 'insufficient_scope', 'worker_mismatch', 'no_route', 'invalid_request', 'invalid_fence', 'fence_required', 'entity_unresolved', 'stale_fence', 'body_too_large', 'invalid_query', 'not_found', 'invalid_idempotency_key', 'idempotency_key_required', 'request_in_progress', 'idempotency_key_reused', 'response_not_replayable', 'key_not_releasable', 'unknown_job_type', 'job_not_found', 'job_finished', 'job_not_running', 'job_not_retryable', 'too_many_waiting_claims', 'lease_lost', 'not_owner', 'sequence_conflict', 'lease_expired', 'entity_frozen', 'entity_busy', 'invalid_rule', 'rules_version_conflict', 'host_not_allowed', 'cross_site_request', 'unsupported_media_type', 'unreadable_body'] as const
     for (const code of clientCodes) expect(problemCatalog[code].status).toBeLessThan(500)
   })
 

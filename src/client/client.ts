@@ -1,5 +1,5 @@
 import { FencegateClientError } from './errors.js'
-import { JobApi, monotonic, type FetchLike } from './http.js'
+import { JobApi, monotonic, pause, problemOf, type FetchLike, type JsonAnswer } from './http.js'
 import { maxWorkerIdLength, slotId, subjectOf, workerIdFor } from './identity.js'
 import { Lease } from './lease.js'
 import type { Job } from './types.js'
@@ -37,7 +37,11 @@ export interface FencegateClientOptions {
 export interface ClaimOptions {
   /** Job types to claim; all configured types when omitted. */
   types?: string[]
-  /** Seconds the server may wait for a job (0–30). Default 0. */
+  /**
+   * Seconds the server may wait for a job (0–30). Default 0. A gateway already holding its cap of
+   * the tenant's waiting claims (`429 too_many_waiting_claims`) is asked again after its
+   * `Retry-After` within this wait, and the claim then returns nothing rather than throwing.
+   */
   wait?: number
   /** Default: the client's {@link FencegateClient.workerId}. Checked against the token's `sub` as there. */
   workerId?: string
@@ -137,15 +141,36 @@ export class FencegateClient {
    * jobs, or one per job (`worker_ids`: the slots of `work()`, each holding its own leases).
    */
   private async claimAs(ids: string[], options: ClaimOptions, max?: number): Promise<{ job: Job; lease: Lease }[]> {
-    const wait = options.wait ?? 0
     const who = ids.length > 1 ? { worker_ids: ids } : { worker_id: ids[0] }
-    const body = { ...who, wait, ...(max === undefined ? {} : { max }), ...(options.types ? { types: options.types } : {}) }
-    const sentAt = monotonic()
-    const answer = await this.api.ok('POST', '/claim', body, wait * 1000 + this.requestTimeoutMs)
-    if (answer.status === 204 || !answer.body) return []
-    const jobs = max === undefined ? [answer.body as unknown as ClaimAnswer] : Array.isArray(answer.body.jobs) ? (answer.body.jobs as ClaimAnswer[]) : []
+    const body = { ...who, ...(max === undefined ? {} : { max }), ...(options.types ? { types: options.types } : {}) }
+    const sent = await this.postClaim(body, options.wait ?? 0)
+    const answered = sent?.answer.status === 204 ? undefined : sent?.answer.body
+    if (!sent || !answered) return []
+    const jobs = max === undefined ? [answered as unknown as ClaimAnswer] : Array.isArray(answered.jobs) ? (answered.jobs as ClaimAnswer[]) : []
     // The lease names the owner the server recorded; the id sent is the fallback for an answer without one.
-    return jobs.map((c, i) => this.leased(c, typeof c.worker_id === 'string' ? c.worker_id : ids[Math.min(i, ids.length - 1)]!, sentAt))
+    return jobs.map((c, i) => this.leased(c, typeof c.worker_id === 'string' ? c.worker_id : ids[Math.min(i, ids.length - 1)]!, sent.sentAt))
+  }
+
+  /**
+   * Sends a claim that may wait `wait` seconds on the server. A gateway that already holds as
+   * many waiting claims of the tenant as it allows answers `429 too_many_waiting_claims`: the
+   * claim is sent again after its `Retry-After` with what is left of the wait, and when nothing
+   * is left it ends with no job (undefined), as a wait that found none does, rather than throwing.
+   */
+  private async postClaim(body: Record<string, unknown>, wait: number): Promise<{ answer: JsonAnswer; sentAt: number } | undefined> {
+    const end = monotonic() + wait * 1000
+    for (let left = wait; ;) {
+      const sentAt = monotonic()
+      const answer = await this.api.call('POST', '/claim', { ...body, wait: left }, left * 1000 + this.requestTimeoutMs)
+      if (answer.status >= 200 && answer.status < 300) return { answer, sentAt }
+      if (answer.status !== 429 || answer.body?.code !== 'too_many_waiting_claims') throw problemOf(answer)
+      const pauseMs = Math.min(answer.retryAfterMs ?? 1000, end - monotonic())
+      if (pauseMs <= 0) return undefined
+      await pause(pauseMs)
+      // In whole milliseconds: `wait` is seconds, fractions allowed.
+      left = Math.floor(end - monotonic()) / 1000
+      if (left <= 0) return undefined
+    }
   }
 
   private leased(c: ClaimAnswer, workerId: string, sentAt: number): { job: Job; lease: Lease } {

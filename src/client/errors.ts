@@ -70,7 +70,9 @@ export class JobCancelled extends FencegateClientError {
 /**
  * The server answered with a problem the SDK does not turn into a lease
  * state, e.g. `sequence_conflict` or `unknown_job_type`. `code` is the
- * server's stable code; `problem` is the parsed problem+json.
+ * server's stable code; `problem` is the parsed problem+json. A claim never
+ * throws `too_many_waiting_claims` (429): the SDK asks again after its
+ * `Retry-After` while the claim's `wait` lasts, then returns no job.
  *
  * @example
  * catch (err) { if (err instanceof ProblemError && err.code === 'sequence_conflict') resync(err.problem.cursor_length) }

@@ -14,6 +14,8 @@ export type FetchLike = (input: string | URL | Request, init?: RequestInit) => P
 export interface JsonAnswer {
   status: number
   body: Record<string, unknown> | undefined
+  /** The answer's `Retry-After` in milliseconds, when it gives one in seconds. */
+  retryAfterMs?: number
 }
 
 /** The local monotonic clock, in milliseconds. Lease deadlines use only this, never Date. */
@@ -81,7 +83,8 @@ export class JobApi {
       } catch {
         parsed = undefined
       }
-      return { status: res.status, body: parsed }
+      const retryAfter = res.headers.get('retry-after')
+      return { status: res.status, body: parsed, ...(retryAfter !== null && /^\d{1,6}$/.test(retryAfter) ? { retryAfterMs: Number(retryAfter) * 1000 } : {}) }
     } catch (err) {
       throw new GatewayUnreachable(`${method} ${path}`, err)
     } finally {

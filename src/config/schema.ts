@@ -69,6 +69,8 @@ export const configSchema = z.object({
   job_types: z.array(jobTypeSchema).default([]),
   // How long finished jobs (and their output) are kept before the gateway deletes them.
   job_retention: duration.pipe(z.number().min(3_600_000, 'must be at least 1h').max(3650 * 86_400_000, 'must be at most 3650d')).default(7 * 86_400_000),
+  // Claims with `wait` one tenant may hold open in one gateway process; one more is 429 too_many_waiting_claims.
+  job_waiting_claims: integer(1, 100_000).default(100),
   attestation: attestationSchema.optional(),
   audit: retentionSection('audit rows'),
   fence_history: retentionSection('fence history rows'),

@@ -29,7 +29,7 @@ export interface AppDeps {
   forward: Forward
   /** The lease service's statements; without them `/_fencegate/jobs` is not served. */
   jobs?: JobStore
-  /** Wakes waiting claims; defaults to one LISTEN through `jobs.listenForWork` with a 1 s fallback tick. */
+  /** Wakes waiting claims; defaults to one LISTEN through `jobs.listenForWork` with a 1 s shared fallback poll, `job_waiting_claims` per tenant. */
   claimWake?: ClaimWake
   /** Defaults to no authentication: every request is tenant `default`. */
   authenticate?: Authenticate

@@ -37,6 +37,7 @@ export const problemCatalog = {
   job_finished: { status: 409, title: 'The job has finished' },
   job_not_running: { status: 409, title: 'The job is not running: it has no lease to end' },
   job_not_retryable: { status: 409, title: 'Only a failed or cancelled job can be retried' },
+  too_many_waiting_claims: { status: 429, title: 'This tenant has as many claims waiting as the gateway holds' },
   lease_lost: { status: 409, title: 'The lease is no longer held by this owner and fence' },
   not_owner: { status: 409, title: 'Only the live owner of the job may finish it' },
   sequence_conflict: { status: 409, title: 'This chunk does not continue the job output' },

@@ -1,13 +1,16 @@
 import type { Answer } from '../http/exchange.js'
+import { FencegateError, retryAfter } from '../http/problems.js'
 import { claimBody, jsonBody } from './api-body.js'
 import { jsonAnswer, noContent, type JobCall, type JobSpanNotes, type JobsContext } from './api-context.js'
 import { workerOf } from './api-identity.js'
 import type { Claimed, ClaimRequest } from './store.js'
+import { TooManyWaiting } from './wake.js'
 
 /**
  * `POST /_fencegate/jobs/claim`: the earliest claimable job (or, with `max`, up to that
  * many), each under a new fence and lease. With `wait`, a claim that finds nothing waits
- * for a start's notification (src/leases/wake.ts) until its deadline.
+ * for a start's notification or its group's shared poll (src/leases/wake.ts) until its
+ * deadline; a tenant with `job_waiting_claims` claims waiting already gets `429 too_many_waiting_claims`.
  *
  * @example
  * // POST /_fencegate/jobs/claim {"worker_id":"w1","wait":10} → 200 {"job_id":"7","fence":"3","worker_id":"w1",…} or 204
@@ -31,20 +34,40 @@ export async function claimHandler(ctx: JobsContext, { request, requestId, ident
   // The deadline is a request timeout, so the process's monotonic clock is right for it;
   // whether a job is due or a lease expired is decided by the claim statement on the database clock.
   const deadline = performance.now() + body.wait * 1000
-  const waiter = await ctx.wake.register(wanted.map((t) => t.name), deadline, identity.tenant)
+  const waiter = await ctx.wake.register(wanted.map((t) => t.name), deadline, identity.tenant).catch(refuseOverCap)
+  // Whether the answer carries a job: a shared poll that found one goes on to another waiter.
+  let found = false
   try {
     for (;;) {
       const claimed = answer(await claimRound(ctx, claim))
-      if (claimed) return claimed
+      if (claimed) {
+        found = true
+        return claimed
+      }
       const why = await waiter.next(deadline, request.signal)
       // A client that left gets no job: a claim nobody reads would only burn an attempt.
       if (why === 'aborted') return noContent(requestId)
       // One last look at the deadline, then nothing.
-      if (why === 'deadline') return answer(await claimRound(ctx, claim)) ?? noContent(requestId)
+      if (why === 'deadline') {
+        const last = answer(await claimRound(ctx, claim))
+        found = last !== undefined
+        return last ?? noContent(requestId)
+      }
     }
   } finally {
-    waiter.release()
+    waiter.release(found)
   }
+}
+
+/**
+ * A waiting claim over its tenant's cap is refused before it reads the store: held, it would
+ * be one more claim per wake-up, and answered `204` at once, a worker would claim again at once.
+ */
+function refuseOverCap(err: unknown): never {
+  if (!(err instanceof TooManyWaiting)) throw err
+  throw new FencegateError('too_many_waiting_claims',
+    `this gateway process already holds ${err.limit} waiting claim${err.limit === 1 ? '' : 's'} of this tenant, its most; claim again after Retry-After, or without wait`,
+    { waiting_limit: err.limit }, retryAfter(1000))
 }
 
 /**

@@ -51,7 +51,7 @@ export function createJobsApi(deps: JobsApiDeps): JobsApi {
   const types = new Map(config.job_types.map((t) => [t.name, t]))
   const ctx: JobsContext = {
     config, jobs, log, metrics: deps.metrics ?? noMetrics, limit: config.server.max_request_body,
-    wake: deps.wake ?? createClaimWake({ listen: jobs.listenForWork, log }),
+    wake: deps.wake ?? createClaimWake({ listen: jobs.listenForWork, log, maxWaitingPerTenant: config.job_waiting_claims }),
     typesFor: (names) => {
       if (!names) return config.job_types
       // A type named twice is one scan, not two.

@@ -1,5 +1,6 @@
 import { silentLogger, type Logger } from '../observe/log.js'
 import { storeCode } from '../store/db.js'
+import { intervalTicker, Waiters, type Ticker, type Waiter } from './wake-waiters.js'
 
 /**
  * The channel the job statements notify when a job becomes claimable (start, restart,
@@ -23,20 +24,7 @@ export function wakeKey(type: string, tenant: string): string {
 /** Subscribes to {@link jobsChannel}: a `Db.listen` bound to that channel. */
 export type ListenForWork = (onType: (type: string) => void, onReconnect: () => void) => Promise<() => Promise<void>>
 
-/** Why a waiting claim woke up. */
-export type WakeReason = 'notified' | 'reconnected' | 'tick' | 'deadline' | 'aborted'
-
-/** One waiting claim, from before its first claim attempt until it answers. */
-export interface Waiter {
-  /**
-   * Resolves when the claim should try again: at once if a notification for one of its
-   * types (or a re-listen) arrived since the last call, else on the next one, on the
-   * fallback tick, at `deadline` (`performance.now()` milliseconds) or when `signal` aborts.
-   */
-  next(deadline: number, signal: AbortSignal): Promise<WakeReason>
-  /** Stops listening for this claim; a pending `next` resolves `aborted`. */
-  release(): void
-}
+export { intervalTicker, type Ticker, type Waiter, type WakeReason } from './wake-waiters.js'
 
 /** What a running wake has done, for tests and diagnostics. */
 export interface WakeStats {
@@ -48,8 +36,10 @@ export interface WakeStats {
   listening: boolean
   /** Wake-ups of a blocked claim by a notification for one of its types. */
   notified: number
-  /** Wake-ups by the fallback tick. */
+  /** Fallback polls: one per poll group (a tenant's waiters of one set of types) per tick, however many it holds. */
   ticks: number
+  /** Poll groups polling now. */
+  groups: number
   /** Times the LISTEN was re-established after its connection dropped. */
   reconnects: number
 }
@@ -59,6 +49,7 @@ export interface ClaimWake {
    * Registers a waiting claim for these job types, after making sure the process's
    * LISTEN is active (waiting for it at most until `deadline`). Notifications are
    * latched from here on, so one that lands while the claim runs is never lost.
+   * Rejects with {@link TooManyWaiting}, at once, when the tenant has `maxWaitingPerTenant`.
    */
   register(types: string[], deadline: number, tenant: string): Promise<Waiter>
   stats(): WakeStats
@@ -70,12 +61,33 @@ export interface ClaimWakeOptions {
   /** Without it (a runtime with no lasting connection), waiting claims poll on the fallback tick only. */
   listen?: ListenForWork | undefined
   /**
-   * How often a waiting claim tries again without a notification: an expired lease and
-   * the end of a backoff produce none, and neither does anything while the LISTEN
-   * connection is down. Default 1000 ms.
+   * How often the waiting claims of one tenant and set of types look again without a
+   * notification (one of them, for all: see `PollGroup`): an expired lease and the end of a
+   * backoff produce none, and neither does anything while the LISTEN connection is down.
+   * Default 1000 ms.
    */
   fallbackMs?: number
+  /** Claims one tenant may have waiting in this process at once (`job_waiting_claims`); default 100. */
+  maxWaitingPerTenant?: number
+  /** The fallback poll's clock; default `setInterval`. */
+  ticker?: Ticker
   log?: Logger
+}
+
+/** `job_waiting_claims` when not configured. */
+export const defaultMaxWaitingPerTenant = 100
+
+/**
+ * A waiting claim refused because its tenant has `limit` claims waiting in this process already.
+ *
+ * @example
+ * await wake.register(['report'], deadline, 'acme').catch((err) => err instanceof TooManyWaiting && answer429(err.limit))
+ */
+export class TooManyWaiting extends Error {
+  override name = 'TooManyWaiting'
+  constructor(readonly tenant: string, readonly limit: number) {
+    super(`the tenant already has ${limit} claims waiting in this process`)
+  }
 }
 
 /** The default fallback tick: the slowest a waiting claim notices an expired lease. */
@@ -86,7 +98,8 @@ export const defaultFallbackMs = 1000
  * waiters of its type, which then race for the job with ordinary claim statements (so
  * exactly one gets it, and the others wait again). The LISTEN starts with the first
  * waiting claim and stays for the life of the process; if it fails, waiters poll on the
- * fallback tick and the next waiter tries it again (at most once per tick).
+ * fallback tick and the next waiter tries it again (at most once per tick). The fallback
+ * poll is shared: one claim per tenant and set of types looks on each tick, for all of them.
  *
  * @example
  * const wake = createClaimWake({ listen: jobs.listenForWork })
@@ -100,25 +113,28 @@ export const defaultFallbackMs = 1000
 export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
   const fallbackMs = options.fallbackMs ?? defaultFallbackMs
   if (!Number.isFinite(fallbackMs) || fallbackMs <= 0) throw new Error(`fallbackMs must be a positive number of milliseconds, got ${fallbackMs}`)
+  const maxPerTenant = options.maxWaitingPerTenant ?? defaultMaxWaitingPerTenant
+  if (!Number.isInteger(maxPerTenant) || maxPerTenant < 1) throw new Error(`maxWaitingPerTenant must be a positive integer, got ${maxPerTenant}`)
   const log = options.log ?? silentLogger
-  const shared: WaiterShared = { waiters: new Set(), counts: { waiting: 0, notified: 0, ticks: 0, reconnects: 0 }, fallbackMs }
-  const { waiters, counts } = shared
+  const waiters = new Waiters({ fallbackMs, ticker: options.ticker ?? intervalTicker, maxPerTenant })
+  const { counts } = waiters
   const listen = new ProcessListen(options, fallbackMs, log, {
     // The payload is `type:tenant` (a type name has no colon): only that tenant's waiters of that type wake.
     onType: (payload: string) => {
-      for (const w of waiters) if (w.types.has(payload)) w.wake('notified')
+      for (const w of waiters.all) if (w.keys.has(payload)) w.wake('notified')
     },
     // Whatever was notified while the connection was down is lost: every waiter looks again.
     onReconnect: () => {
       counts.reconnects++
-      for (const w of waiters) w.wake('reconnected')
+      for (const w of waiters.all) w.wake('reconnected')
     },
   })
 
   return {
     async register(types, deadline, tenant) {
-      const waiter = new WaiterState(new Set(types.map((type) => wakeKey(type, tenant))), shared)
-      waiters.add(waiter)
+      // Counted before anything is awaited, so claims arriving together cannot pass the cap together.
+      const waiter = waiters.add(types.map((type) => wakeKey(type, tenant)), tenant)
+      if (!waiter) throw new TooManyWaiting(tenant, maxPerTenant)
       // The first claim must not run before LISTEN is active, or a job started in between
       // would wait for the tick; but never wait for the LISTEN past the claim's own deadline.
       let timer: ReturnType<typeof setTimeout> | undefined
@@ -131,7 +147,7 @@ export function createClaimWake(options: ClaimWakeOptions = {}): ClaimWake {
       clearTimeout(timer)
       return waiter
     },
-    stats: () => ({ ...counts, registered: waiters.size, listening: listen.active() }),
+    stats: () => ({ ...counts, registered: waiters.all.size, groups: waiters.groupCount(), listening: listen.active() }),
     close: () => listen.close(),
   }
 }
@@ -181,62 +197,5 @@ class ProcessListen {
     const u = this.unlisten
     this.unlisten = undefined
     await u?.().catch(() => {})
-  }
-}
-
-/** What a wake's waiters share: the set they are in, the counts and the fallback tick. */
-interface WaiterShared {
-  waiters: Set<WaiterState>
-  counts: { waiting: number; notified: number; ticks: number; reconnects: number }
-  fallbackMs: number
-}
-
-/** One registered claim: a wake latched while it is not waiting is kept for its next `next`. */
-class WaiterState implements Waiter {
-  pending: WakeReason | undefined
-  private settle: ((reason: WakeReason) => void) | undefined
-  constructor(readonly types: Set<string>, private readonly shared: WaiterShared) {}
-
-  wake(reason: WakeReason) {
-    if (!this.settle) {
-      this.pending ??= reason
-      return
-    }
-    if (reason === 'notified') this.shared.counts.notified++
-    this.settle(reason)
-  }
-
-  next(deadline: number, signal: AbortSignal): Promise<WakeReason> {
-    if (signal.aborted || !this.shared.waiters.has(this)) return Promise.resolve('aborted')
-    if (this.pending) {
-      const reason = this.pending
-      this.pending = undefined
-      return Promise.resolve(reason)
-    }
-    const remaining = deadline - performance.now()
-    if (remaining <= 0) return Promise.resolve('deadline')
-    const { counts, fallbackMs } = this.shared
-    return new Promise((resolve) => {
-      counts.waiting++
-      const byDeadline = remaining <= fallbackMs
-      const timer = setTimeout(() => {
-        if (!byDeadline) counts.ticks++
-        this.settle?.(byDeadline ? 'deadline' : 'tick')
-      }, Math.min(remaining, fallbackMs))
-      const onAbort = () => this.settle?.('aborted')
-      signal.addEventListener('abort', onAbort, { once: true })
-      this.settle = (reason) => {
-        this.settle = undefined
-        counts.waiting--
-        clearTimeout(timer)
-        signal.removeEventListener('abort', onAbort)
-        resolve(reason)
-      }
-    })
-  }
-
-  release() {
-    this.shared.waiters.delete(this)
-    this.settle?.('aborted')
   }
 }
