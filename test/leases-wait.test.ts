@@ -40,7 +40,7 @@ async function serve(t: TestDb, fallbackMs: number): Promise<Served> {
   const undici = createUndiciForward()
   // Served as `fencegate serve` serves it: Node's data plane, straight off the socket.
   const plane = createDataPlane({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
-  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
+  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server)
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/_fencegate/jobs`,
     wake,
