@@ -34,7 +34,7 @@ beforeAll(async () => {
 async function startGateway(config: Config, store: TestDb['store'], attest: AttestationSigner | undefined) {
   const undici = createUndiciForward()
   const plane = createDataPlane({ config, store, forward: undici.forward, ...(attest ? { attest } : {}) })
-  const server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
+  const server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server)
   return {
     url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
     close: async () => {

@@ -50,7 +50,7 @@ describe.each(backends())('audit export and summary ($name)', (backend) => {
     const all = await (await fetch(`${fx.gw.adminUrl}/audit?format=csv`)).text()
     const rows = parseCsv(all)
     expect(rows[0]).toEqual(['id', 'at', 'tenant', 'route', 'entity', 'code', 'presented_fence', 'highest_fence', 'method', 'path',
-      'body_sha256', 'caller', 'request_id', 'idempotency_key', 'trace_id'])
+      'body_sha256', 'caller', 'request_id', 'idempotency_key', 'trace_id', 'trace_from_caller'])
     expect(rows).toHaveLength(31)
     const res = await fetch(`${fx.gw.adminUrl}/audit?format=csv&limit=5&cursor=${rows[1]![0]}&tenant=acme`)
     expect(res.headers.get('content-type')).toBe('text/csv; charset=utf-8')

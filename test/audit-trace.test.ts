@@ -76,18 +76,18 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
     expect(span.attributes['fencegate.request_id']).toBe(stale.headers.get('x-request-id'))
     const page = await admin(plain, `/audit?trace_id=${span.traceId}`)
     expect(page.status).toBe(200)
-    expect(page.json.items.map((i: any) => [i.code, i.presented_fence, i.request_id, i.trace_id])).toEqual([
-      ['stale_fence', '6', stale.headers.get('x-request-id'), span.traceId],
+    expect(page.json.items.map((i: any) => [i.code, i.presented_fence, i.request_id, i.trace_id, i.trace_from_caller])).toEqual([
+      ['stale_fence', '6', stale.headers.get('x-request-id'), span.traceId, false],
     ])
     const row = (await rowsOf('entity=invoice:42&code=stale_fence')).find((i) => i.request_id === untraced.headers.get('x-request-id'))
-    expect(row).toMatchObject({ presented_fence: '5', trace_id: null })
+    expect(row).toMatchObject({ presented_fence: '5', trace_id: null, trace_from_caller: null })
     // The summary and the export filter by it too.
     const summary = await admin(plain, `/audit/summary?trace_id=${span.traceId}`)
     expect(summary.json.buckets.map((b: any) => [b.code, b.count])).toEqual([['stale_fence', 1]])
     const csv = await (await fetch(`${plain.adminUrl}/audit?format=csv&trace_id=${span.traceId}`, { headers: await as(operator) })).text()
     const [head, line, end] = csv.split('\r\n')
-    expect(head!.split(',').at(-1)).toBe('trace_id')
-    expect(line!.split(',').at(-1)).toBe(span.traceId)
+    expect(head!.split(',').slice(-2)).toEqual(['trace_id', 'trace_from_caller'])
+    expect(line!.split(',').slice(-2)).toEqual([span.traceId, 'false'])
     expect(end).toBe('')
   })
 
@@ -96,7 +96,27 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
     const stale = await capture(gw, 42, '4', { traceparent: `00-${callerTrace}-b7ad6b7169203331-00` })
     expect(stale.json.code).toBe('stale_fence')
     expect((await servers()).some((s) => s.traceId === callerTrace)).toBe(false)
-    expect((await admin(plain, `/audit?trace_id=${callerTrace}`)).json.items.map((i: any) => i.request_id)).toEqual([stale.headers.get('x-request-id')])
+    expect((await admin(plain, `/audit?trace_id=${callerTrace}`)).json.items.map((i: any) => [i.request_id, i.trace_from_caller])).toEqual([[stale.headers.get('x-request-id'), true]])
+  })
+
+  // The security review: a caller's traceparent chose the trace id its rows name, unmarked, so a
+  // caller could file its refusals under any trace (another request's included) and an operator
+  // following ?trace_id= could not tell. Marked in the row, the CSV export and the CLI's table.
+  it('marks a trace id the caller chose, sampled or not, and only that one', async () => {
+    const chosen = 'c0ffee00c0ffee00c0ffee00c0ffee00'
+    const sampled = await capture(gw, 42, '2', { traceparent: `00-${chosen}-b7ad6b7169203331-01` })
+    expect(sampled.json.code).toBe('stale_fence')
+    // An invalid traceparent (all-zero trace id) is not continued: the gateway starts its own trace.
+    const invalid = await capture(gw, 42, '1', { traceparent: `00-${'0'.repeat(32)}-b7ad6b7169203331-01` })
+    expect(invalid.json.code).toBe('stale_fence')
+    const rows = await rowsOf('entity=invoice:42&code=stale_fence')
+    const of = (r: { headers: Headers }) => rows.find((i) => i.request_id === r.headers.get('x-request-id'))
+    expect([of(sampled).trace_id, of(sampled).trace_from_caller]).toEqual([chosen, true])
+    expect(of(invalid).trace_id).toMatch(/^[0-9a-f]{32}$/)
+    expect(of(invalid).trace_id).not.toBe('0'.repeat(32))
+    expect(of(invalid).trace_from_caller).toBe(false)
+    const csv = await (await fetch(`${plain.adminUrl}/audit?format=csv&trace_id=${chosen}`, { headers: await as(operator) })).text()
+    expect(csv.split('\r\n')[1]!.split(',').slice(-2)).toEqual([chosen, 'true'])
   })
 
   it('every way a command is refused names its trace: before the fence, a stale fence with a key, a reused key, a lease that is not live', async () => {
@@ -140,14 +160,15 @@ describe.each(backends())('audit rows name their trace on $name', (backend) => {
       VALUES ('acme', 'k-unknown', 'f', 'capture', 'outcome_unknown', 'invoice:62', now() + interval '1 hour', 'o', 'r')`
     expect((await admin(gw, '/idempotency/k-unknown?tenant=acme', 'DELETE')).json.released).toBe(true)
     expect((await admin(gw, '/no-such-endpoint')).status).toBe(404)
-    const spans = (await servers()).filter((s) => s.attributes['url.path'] !== undefined && !String(s.attributes['url.path']).startsWith('/_fencegate') && !String(s.attributes['url.path']).startsWith('/payments') && !String(s.attributes['url.path']).startsWith('/reports'))
+    // The admin plane's spans: a data-plane one has the path as sent; an admin one its template, or none when unmatched.
+    const spans = (await servers()).filter((s) => !/^\/(_fencegate|payments|reports)\//.test(String(s.attributes['url.path'] ?? '')))
     const of = (name: string) => spans.find((s) => s.name === name)!
     expect(of('POST /entities/:entity/bump').attributes).toMatchObject({
-      'http.request.method': 'POST', 'url.path': '/entities/invoice:60/bump', 'url.scheme': 'http', 'http.route': '/entities/:entity/bump', 'http.response.status_code': 200,
+      'http.request.method': 'POST', 'url.path': '/entities/{entity}/bump', 'url.scheme': 'http', 'http.route': '/entities/:entity/bump', 'http.response.status_code': 200,
     })
     expect(of('POST /jobs/:id/cancel').attributes).toMatchObject({ 'http.route': '/jobs/:id/cancel', 'http.response.status_code': 200 })
     // No route matched: the method alone, and the refusal's code as the decision.
-    expect(spans.find((s) => s.attributes['url.path'] === '/no-such-endpoint')).toMatchObject({ name: 'GET', attributes: { 'http.response.status_code': 404, 'fencegate.decision': 'not_found' } })
+    expect(spans.find((s) => s.name === 'GET' && s.attributes['url.path'] === undefined)).toMatchObject({ attributes: { 'http.response.status_code': 404, 'fencegate.decision': 'not_found' } })
     const bumped = await rowsOf('entity=invoice:60&code=fence_bumped')
     expect(bumped.map((i) => i.trace_id)).toEqual([of('POST /entities/:entity/bump').traceId])
     const released = await rowsOf('entity=invoice:62&code=idempotency_key_released')
@@ -187,9 +208,39 @@ describe.each(backends())('migration 0016 on $name', (backend) => {
       await t.db.sql`SELECT * FROM fg_reserve('acme', 'capture', 'invoice:1', 2::bigint, 'POST', '/p', NULL, 'w', 'reserve', NULL, NULL, NULL, NULL::bigint, NULL::bigint, false, NULL::bigint)`
       const traceId = '4bf92f3577b34da6a3ce929d0e0e4736'
       await t.db.sql`SELECT * FROM fg_reserve('acme', 'capture', 'invoice:1', 1::bigint, 'POST', '/p', NULL, 'w', 'traced', NULL, NULL, NULL, NULL::bigint, NULL::bigint, false, NULL::bigint, ${traceId})`
+      await migrate(t.db, all)
       const rows = await t.store.listAudit({ limit: 10 })
       expect(rows.map((r) => [r.request_id, r.presented_fence, r.trace_id])).toEqual([
         ['traced', '1', traceId], ['reserve', '2', null], ['after', '3', null], ['before', '4', null],
+      ])
+    } finally {
+      await t.close()
+    }
+  })
+
+  it('0020 on a database at 0018: earlier rows unmarked, a caller: trace id split off whichever function audits, and no function body changed', async () => {
+    const t = await backend.open()
+    try {
+      await t.db.exec('DROP SCHEMA public CASCADE; CREATE SCHEMA public;')
+      const all = loadMigrations()
+      await migrate(t.db, all.filter((m) => m.id <= 18))
+      const traceId = '4bf92f3577b34da6a3ce929d0e0e4736'
+      const present = (fence: number, requestId: string, trace: string | null) =>
+        t.db.sql`SELECT fg_present_fence('acme', 'capture', 'invoice:1', ${fence}::bigint, 'POST', '/p', NULL, 'w', ${requestId}, NULL, ${trace})`
+      await present(5, 'r1', null)
+      await present(4, 'before', traceId)
+      const bodies = () => t.db.sql<{ def: string }>`
+        SELECT pg_get_functiondef(oid) AS def FROM pg_proc WHERE proname LIKE 'fg\\_%' AND proname <> 'fg_audit_trace_origin' ORDER BY oid`
+      const before = await bodies()
+      expect(before.length).toBeGreaterThan(3)
+      expect((await migrate(t.db, all)).applied.map((m) => m.id)).toEqual([20])
+      expect(await bodies()).toEqual(before)
+      await present(3, 'caller', `caller:${traceId}`)
+      await present(2, 'gateway', traceId)
+      await t.db.sql`SELECT * FROM fg_reserve('acme', 'capture', 'invoice:1', 1::bigint, 'POST', '/p', NULL, 'w', 'reserve', NULL, NULL, NULL, NULL::bigint, NULL::bigint, false, NULL::bigint, ${`caller:${traceId}`})`
+      const rows = await t.store.listAudit({ limit: 10 })
+      expect(rows.map((r) => [r.request_id, r.trace_id, r.trace_from_caller])).toEqual([
+        ['reserve', traceId, true], ['gateway', traceId, false], ['caller', traceId, true], ['before', traceId, null],
       ])
     } finally {
       await t.close()

@@ -24,8 +24,8 @@ describe('fencegate audit --format and --follow', () => {
     const csv = await runCli(['audit', '--data-dir', dir, '--format', 'csv'])
     expect(csv.code).toBe(0)
     const lines = csv.stdout.split('\r\n')
-    expect(lines[0]).toBe('id,at,tenant,route,entity,code,presented_fence,highest_fence,method,path,body_sha256,caller,request_id,idempotency_key,trace_id')
-    expect(lines.slice(1, 4).map((l) => l.split(',').slice(-3))).toEqual([['a-3', '', ''], ['a-2', '', traceId], ['a-1', '', '']])
+    expect(lines[0]).toBe('id,at,tenant,route,entity,code,presented_fence,highest_fence,method,path,body_sha256,caller,request_id,idempotency_key,trace_id,trace_from_caller')
+    expect(lines.slice(1, 4).map((l) => l.split(',').slice(-4))).toEqual([['a-3', '', '', ''], ['a-2', '', traceId, 'false'], ['a-1', '', '', '']])
     expect(lines[1]).toContain('"w, ""quoted"""')
     const ndjson = await runCli(['audit', '--data-dir', dir, '--format', 'ndjson', '--limit', '2'])
     expect(ndjson.stdout.trim().split('\n').map((l) => JSON.parse(l).request_id)).toEqual(['a-3', 'a-2'])
@@ -37,13 +37,18 @@ describe('fencegate audit --format and --follow', () => {
     const dir = tempDir()
     const store = createStore(await openDb(undefined, dir))
     const traceId = '4bf92f3577b34da6a3ce929d0e0e4736'
-    for (const id of ['t-1', 't-2']) {
+    // t-3's trace id came from its caller's traceparent (traceIdOf marks it so).
+    for (const [id, trace] of [['t-1', null], ['t-2', traceId], ['t-3', `caller:${traceId}`]] as const) {
       await store.recordRejection({ tenant: 'default', route: 'capture', entity: 'invoice:9', code: 'stale_fence', presentedFence: '1', highestFence: '2',
-        method: 'POST', path: '/payments/9/capture', bodySha256: null, caller: 'w', requestId: id, traceId: id === 't-2' ? traceId : null })
+        method: 'POST', path: '/payments/9/capture', bodySha256: null, caller: 'w', requestId: id, traceId: trace })
     }
     await store.close()
     const table = await runCli(['audit', '--data-dir', dir, '--trace-id', traceId])
-    expect(table.stdout.trim().split('\n').map((l) => l.split('\t').slice(-2))).toEqual([['request', 'trace'], ['POST /payments/9/capture t-2', traceId]])
+    expect(table.stdout.trim().split('\n').map((l) => l.split('\t').slice(-3))).toEqual([
+      ['request', 'trace', 'trace_from'], ['POST /payments/9/capture t-3', traceId, 'caller'], ['POST /payments/9/capture t-2', traceId, 'gateway'],
+    ])
+    const all = await runCli(['audit', '--data-dir', dir])
+    expect(all.stdout.trim().split('\n').at(-1)!.split('\t').slice(-2)).toEqual(['-', '-'])
     // Checked before the store is opened, as the admin plane checks it.
     const notTrace = await runCli(['audit', '--data-dir', dir, '--trace-id', traceId.toUpperCase()])
     expect([notTrace.code, /--trace-id must be a trace id/.test(notTrace.stderr)]).toEqual([2, true])

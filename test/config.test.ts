@@ -68,6 +68,10 @@ describe('parseConfig defaults', () => {
       lingering_timeout: 5_000,
       workers: 1,
       allowed_hosts: [],
+      headers_timeout: 10_000,
+      request_timeout: 60_000,
+      max_connections: 1024,
+      max_connections_per_peer: 256,
     })
     expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
     expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
@@ -126,7 +130,7 @@ describe('parseConfig defaults', () => {
 
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
-    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [] })
+    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [], headers_timeout: 10_000, request_timeout: 60_000, max_connections: 1024, max_connections_per_peer: 256 })
     expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
@@ -256,6 +260,14 @@ describe('parseConfig rejects invalid values, naming the field', () => {
     ['fractional size', { server: { max_request_body: '1.5MiB' } }, 'server.max_request_body', '"1.5MiB"'],
     ['unknown size unit', { server: { max_request_body: '1TiB' } }, 'server.max_request_body'],
     ['negative size', { server: { max_request_body: -1 } }, 'server.max_request_body'],
+    ['headers_timeout below 100ms', { server: { headers_timeout: '50ms' } }, 'server.headers_timeout', 'at least 100ms'],
+    ['headers_timeout not a duration', { server: { headers_timeout: 'soon' } }, 'server.headers_timeout', 'expected a duration'],
+    ['headers_timeout past request_timeout', { server: { headers_timeout: '30s', request_timeout: '20s', lingering_time: '1s' } }, 'server.headers_timeout', 'at most server.request_timeout'],
+    ['request_timeout over an hour', { server: { request_timeout: '2h' } }, 'server.request_timeout', 'at most 1h'],
+    ['request_timeout shorter than the linger', { server: { request_timeout: '20s' } }, 'server.request_timeout', 'lingering_time'],
+    ['zero max_connections', { server: { max_connections: 0 } }, 'server.max_connections'],
+    ['zero max_connections_per_peer', { server: { max_connections_per_peer: 0 } }, 'server.max_connections_per_peer'],
+    ['per-peer cap over the total', { server: { max_connections: 100 } }, 'server.max_connections_per_peer', 'at most server.max_connections'],
     ['empty size', { server: { max_request_body: '' } }, 'server.max_request_body'],
     ['boolean size', { server: { max_request_body: true } }, 'server.max_request_body'],
     ['server not an object', { server: 'localhost' }, 'server'],
@@ -538,7 +550,7 @@ describe('${VAR} expansion', () => {
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
     expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'job_waiting_claims', 'audit', 'fence_history'])
-    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts'])
+    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts', 'headers_timeout', 'request_timeout', 'max_connections', 'max_connections_per_peer'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
   })

@@ -59,7 +59,7 @@ describe.each(backends())('metrics on $name', (backend) => {
     const store = instrument(t.store, metrics)
     const plane = createDataPlane({ config, store, forward: undici.forward, jobs: instrument(createJobStore(t.db), metrics), metrics })
     const admin = createAdminApp({ store, metrics, exposition: metrics })
-    servers = [await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, 16384), await listen(honoListener(admin.fetch), '127.0.0.1', 0, 16384)]
+    servers = [await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server), await listen(honoListener(admin.fetch), '127.0.0.1', 0, config.server)]
     url = `http://127.0.0.1:${(servers[0]!.address() as AddressInfo).port}`
     adminUrl = `http://127.0.0.1:${(servers[1]!.address() as AddressInfo).port}`
     close = async () => {

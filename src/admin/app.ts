@@ -4,7 +4,7 @@ import { requestIdOf } from '../gateway/app.js'
 import { noAuthentication, type Authenticate } from '../http/identity.js'
 import { noMetrics, type Metrics, type MetricsExposition } from '../observe/metrics.js'
 import { noTracing, type Tracing } from '../observe/tracing.js'
-import { endAdminSpan, startRequestSpan } from '../gateway/spans.js'
+import { endAdminSpan, startAdminSpan } from '../gateway/spans.js'
 import { adminOpenApi } from './openapi.js'
 import { FencegateError, problemResponse } from '../http/problems.js'
 import type { Store } from '../store/store.js'
@@ -78,7 +78,8 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
 /** A span and a metric per admin request, the unmatched ones included. */
 function observeRequests(app: Hono<AdminEnv>, tracing: Tracing, metrics: Metrics): void {
   app.use(async (c, next) => {
-    const span = startRequestSpan(tracing, { method: c.req.method, url: new URL(c.req.url), headers: c.req.raw.headers })
+    // Not the path as sent: it may hold an idempotency key or an entity (endAdminSpan sets the template).
+    const span = startAdminSpan(tracing, { method: c.req.method, url: new URL(c.req.url), headers: c.req.raw.headers })
     c.set('span', span)
     await next()
     const endpoint = routePath(c, -1)

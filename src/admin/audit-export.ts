@@ -6,7 +6,7 @@ export type AuditFormat = 'json' | 'ndjson' | 'csv'
 
 const contentTypes = { ndjson: 'application/x-ndjson', csv: 'text/csv; charset=utf-8' } as const
 const columns = ['id', 'at', 'tenant', 'route', 'entity', 'code', 'presented_fence', 'highest_fence', 'method', 'path',
-  'body_sha256', 'caller', 'request_id', 'idempotency_key', 'trace_id'] as const satisfies readonly (keyof AuditItem)[]
+  'body_sha256', 'caller', 'request_id', 'idempotency_key', 'trace_id', 'trace_from_caller'] as const satisfies readonly (keyof AuditItem)[]
 
 // Rows per store statement while streaming: small enough to start at once, large enough to cost few round trips.
 const pageSize = 500
@@ -81,8 +81,9 @@ function csvLine(item: AuditItem): string {
  * RFC 4180 quoting. A cell that a spreadsheet would run as a formula (=, +, -, @,
  * tab, CR first) gets a leading apostrophe: paths and entities come from clients.
  */
-export function csvCell(value: string | null): string {
+export function csvCell(value: string | boolean | null): string {
   if (value === null) return ''
+  if (typeof value === 'boolean') return String(value)
   const safe = /^[=+\-@\t\r]/.test(value) ? `'${value}` : value
   return /[",\r\n]/.test(safe) ? `"${safe.replaceAll('"', '""')}"` : safe
 }

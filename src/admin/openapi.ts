@@ -47,6 +47,8 @@ export const auditPageSchema = z.object({
     caller: z.string().nullable(), request_id: z.string(), idempotency_key: z.string().nullable(),
     trace_id: z.string().regex(/^[0-9a-f]{32}$/).nullable()
       .describe('The W3C trace id of the request that caused the row (its SERVER span\'s, sampled or not); null when tracing was off'),
+    trace_from_caller: z.boolean().nullable()
+      .describe('true when trace_id came from the caller\'s traceparent (the caller chose it), false when the gateway started the trace; null without a trace_id and on rows written before migration 0020'),
   }).strict()),
   next_cursor: z.string().nullable().describe('Pass as ?cursor= for the next page; null on the last page'),
 }).strict()

@@ -57,9 +57,11 @@ function formatOf(flags: Flags): Format {
   return f as Format
 }
 
-const tableHeader = ['at', 'code', 'route', 'entity', 'presented', 'highest', 'request', 'trace'].join('\t')
+// `trace_from`: whose trace id it is, `caller` (its traceparent chose it) or `gateway`.
+const tableHeader = ['at', 'code', 'route', 'entity', 'presented', 'highest', 'request', 'trace', 'trace_from'].join('\t')
+const traceFrom = (i: AuditItem) => (i.trace_from_caller === null ? '-' : i.trace_from_caller ? 'caller' : 'gateway')
 const tableLine = (i: AuditItem) =>
-  [i.at, i.code, i.route ?? '-', i.entity ?? '-', i.presented_fence ?? '-', i.highest_fence ?? '-', `${i.method} ${i.path} ${i.request_id}`, i.trace_id ?? '-'].join('\t')
+  [i.at, i.code, i.route ?? '-', i.entity ?? '-', i.presented_fence ?? '-', i.highest_fence ?? '-', `${i.method} ${i.path} ${i.request_id}`, i.trace_id ?? '-', traceFrom(i)].join('\t')
 
 async function fromDatabase<T>(flags: Flags, params: URLSearchParams, read: (store: ReturnType<typeof createStore>, query: ReturnType<typeof parseAuditQuery>) => Promise<T>): Promise<T> {
   let query

@@ -21,6 +21,15 @@ const retentionSection = (what: string) => z.object({
   retention: retention.optional().describe(`How long ${what} are kept (e.g. 90d); absent: forever`),
 }).strict().prefault({})
 
+/** The bounds of `server` that only make sense together; each problem names its field. */
+function checkServerLimits(s: { headers_timeout: number; request_timeout: number; lingering_time: number; max_connections: number; max_connections_per_peer: number }, ctx: z.RefinementCtx): void {
+  // Node refuses a header timeout longer than the request's: the headers are part of the request.
+  if (s.headers_timeout > s.request_timeout) ctx.addIssue({ code: 'custom', path: ['headers_timeout'], message: 'must be at most server.request_timeout' })
+  // The body refused with a 413 is read and discarded for up to lingering_time within the same request.
+  if (s.request_timeout < s.lingering_time) ctx.addIssue({ code: 'custom', path: ['request_timeout'], message: 'must be at least server.lingering_time, or a refused body\'s linger is cut off' })
+  if (s.max_connections_per_peer > s.max_connections) ctx.addIssue({ code: 'custom', path: ['max_connections_per_peer'], message: 'must be at most server.max_connections' })
+}
+
 export const configSchema = z.object({
   server: z.object({
     host: z.string().min(1).default('127.0.0.1'),
@@ -37,7 +46,13 @@ export const configSchema = z.object({
     workers: z.union([integer(1, 256), z.literal('auto')]).default(1),
     // Without auth, the host names (besides loopback and the listen address) requests may name (src/http/browser-guard.ts).
     allowed_hosts: z.array(z.string().regex(/^[A-Za-z0-9.:-]+$/, 'expected a host name or address, without a port')).default([]),
-  }).strict().prefault({}),
+    // Bounds on each plane's connections (src/runtime/node/server.ts): a client that sends its
+    // headers, or its request, a byte at a time is cut off; no client holds every connection.
+    headers_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(600_000, 'must be at most 10m')).default(10_000),
+    request_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(3_600_000, 'must be at most 1h')).default(60_000),
+    max_connections: integer(1, 1_000_000).default(1024),
+    max_connections_per_peer: integer(1, 1_000_000).default(256),
+  }).strict().superRefine(checkServerLimits).prefault({}),
   auth: authSchema.prefault({}),
   store: z.object({
     url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(

@@ -43,6 +43,30 @@ export function startRequestSpan(tracing: Tracing, request: Pick<Inbound, 'metho
   })
 }
 
+/**
+ * Starts an admin-plane request's SERVER span: as a data-plane one, but without `url.path`
+ * until routing has matched its template (`endAdminSpan`). Admin paths carry what a trace
+ * backend must not hold in clear: an idempotency key (`/idempotency/{key}`), an entity.
+ */
+export function startAdminSpan(tracing: Tracing, request: Pick<Inbound, 'method' | 'url' | 'headers'>): OpenSpan {
+  if (!tracing.enabled) return tracing.server('', request.headers, none)
+  return tracing.server(spanMethod(request.method), request.headers, {
+    [ATTR_HTTP_REQUEST_METHOD]: semconvMethod(request.method),
+    [ATTR_HTTP_REQUEST_METHOD_ORIGINAL]: originalMethod(request.method),
+    [ATTR_URL_SCHEME]: request.url.protocol.slice(0, -1),
+  })
+}
+
+/**
+ * A route template as a path with its parameters named, not filled in: `/idempotency/:key`
+ * becomes `/idempotency/{key}`, as the job API's span names show theirs.
+ *
+ * @example templatedPath('/entities/:entity/bump') // '/entities/{entity}/bump'
+ */
+export function templatedPath(template: string): string {
+  return template.replace(/:([A-Za-z0-9_]+)(\{[^}]*\})?/g, '{$1}')
+}
+
 /** What the decision's span reads of the pipeline's `Trace`. */
 export interface DecidedRequest {
   span?: OpenSpan
@@ -102,12 +126,14 @@ export function endJobSpan(span: OpenSpan, method: string, route: JobSpanRoute, 
 /**
  * The SERVER span of an admin-plane request (src/admin/app.ts), ended with its answer: named
  * `{METHOD} {route template}` as Hono matched it (`POST /entities/:entity/bump`, the same
- * template the admin metrics count by), the method alone when no route matched; a refusal's
- * problem code is the decision.
+ * template the admin metrics count by), the method alone when no route matched; `url.path`
+ * is the template with its parameters named (`/entities/{entity}/bump`), absent when none
+ * matched: the path as sent never reaches the span. A refusal's problem code is the decision.
  */
 export function endAdminSpan(span: OpenSpan, method: string, template: string | undefined, status: number, code?: string): void {
   if (template !== undefined) span.rename(`${spanMethod(method)} ${template}`)
   span.set({
+    [ATTR_URL_PATH]: template === undefined ? undefined : templatedPath(template),
     [ATTR_HTTP_ROUTE]: template,
     [ATTR_HTTP_RESPONSE_STATUS_CODE]: status,
     'fencegate.decision': code,

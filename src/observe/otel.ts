@@ -31,7 +31,7 @@ const intoHeaders: TextMapSetter<HeaderSink> = { set: (carrier, key, value) => c
 class OtelSpan implements OpenSpan {
   readonly sampled: boolean
   private childContext: Context | undefined
-  constructor(readonly span: Span, private readonly parent: Context) {
+  constructor(readonly span: Span, private readonly parent: Context, readonly callerTrace = false) {
     this.sampled = (span.spanContext().traceFlags & TraceFlags.SAMPLED) !== 0
   }
   get context(): Context {
@@ -86,7 +86,11 @@ export function otelTracing(parts: OtelParts): Tracing {
     server(name, headers, attributes) {
       // An invalid or absent traceparent extracts nothing: the request starts a trace of its own.
       const parent = propagator.extract(ROOT_CONTEXT, headers, fromHeaders)
-      return new OtelSpan(started(name, SpanKind.SERVER, attributes, parent), parent)
+      const span = started(name, SpanKind.SERVER, attributes, parent)
+      // The caller's trace id when the span continued its traceparent (one the SDK found invalid,
+      // such as all zeros, made it start a trace of its own).
+      const fromCaller = trace.getSpanContext(parent)?.traceId === span.spanContext().traceId
+      return new OtelSpan(span, parent, fromCaller)
     },
     client(parent, name, attributes, headers) {
       const span = child(parent, SpanKind.CLIENT, name, attributes)

@@ -11,6 +11,12 @@ export interface OpenSpan {
   readonly ids: { trace_id: string; span_id: string } | undefined
   /** Whether its trace is sampled: only then are children (store calls) made at all. */
   readonly sampled: boolean
+  /**
+   * Whether its trace id is the caller's: a SERVER span that continued a valid `traceparent`
+   * (the caller chose the id, and with a `parentbased_*` sampler whether it is sampled). False
+   * when the gateway started the trace, and for the no-op span.
+   */
+  readonly callerTrace: boolean
   /** Adds attributes (an `undefined` value is left out). */
   set(attributes: SpanAttributes): void
   /** Renames it: a SERVER span learns its route template only after routing. */
@@ -48,7 +54,7 @@ export interface Tracing {
   store(parent: OpenSpan, name: string, attributes: SpanAttributes): OpenSpan | undefined
 }
 
-const noSpan: OpenSpan = { ids: undefined, sampled: false, set() {}, rename() {}, end() {} }
+const noSpan: OpenSpan = { ids: undefined, sampled: false, callerTrace: false, set() {}, rename() {}, end() {} }
 
 /**
  * Tracing that records nothing: the default wherever none is injected (and the Workers runtime's).
@@ -64,14 +70,25 @@ export const noTracing: Tracing = {
 }
 
 /**
+ * How a trace id the caller chose is marked on its way to an audit row. The store splits the
+ * mark off into `fg_audit.trace_from_caller` as the row is inserted (migration 0020), so every
+ * statement that audits passes one text value through unchanged.
+ */
+export const callerTraceMark = 'caller:'
+
+/**
  * The trace id an audit row records for a request: its span's, sampled or not (its log lines
- * and the upstream's `traceparent` carry it either way); null when tracing is off.
+ * and the upstream's `traceparent` carry it either way), marked `caller:` when it came from the
+ * caller's `traceparent` rather than from the gateway; null when tracing is off.
  *
  * @example
  * await store.bumpFence({ tenant, entity, minFence, caller, requestId, traceId: traceIdOf(span) })
+ * traceIdOf(span) // 'caller:4bf92f3577b34da6a3ce929d0e0e4736' after `traceparent: 00-4bf9…-…-01`
  */
 export function traceIdOf(span: OpenSpan | undefined): string | null {
-  return span?.ids?.trace_id ?? null
+  const id = span?.ids?.trace_id
+  if (id === undefined) return null
+  return span!.callerTrace ? callerTraceMark + id : id
 }
 
 /**

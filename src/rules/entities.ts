@@ -1,6 +1,7 @@
 import type { EntityRuleConfig } from '../config/schema.js'
+import { globMatches } from './glob.js'
 
-/** An entity rule ready to match: its pattern as a regular expression and its specificity. */
+/** An entity rule ready to match: its pattern's matcher and its specificity. */
 export interface CompiledEntityRule {
   config: EntityRuleConfig
   matches: (entity: string) => boolean
@@ -16,13 +17,17 @@ export interface EntityPolicy {
   ordering?: 'none' | 'serialize'
 }
 
-/** Compiles `entity_match` globs (`*` is any run of characters, everything else literal), most specific first. */
+/**
+ * Compiles `entity_match` globs (`*` is any run of characters, everything else literal), most
+ * specific first. A glob is matched in linear time (src/rules/glob.ts), never as a regular
+ * expression: an operator's pattern meets clients' entities, and a backtracking one blocked the
+ * event loop for minutes on a 128-character entity.
+ */
 export function compileEntityRules(rules: EntityRuleConfig[]): CompiledEntityRule[] {
   return rules.map((config) => {
     const pattern = config.entity_match
     const exact = !pattern.includes('*')
-    const re = new RegExp(`^${pattern.split('*').map((s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('.*')}$`, 's')
-    return { config, matches: exact ? (e: string) => e === pattern : (e: string) => re.test(e), specificity: pattern.replaceAll('*', '').length }
+    return { config, matches: exact ? (e: string) => e === pattern : (e: string) => globMatches(pattern, e), specificity: pattern.replaceAll('*', '').length }
   }).sort((a, b) => b.specificity - a.specificity || (a.config.name < b.config.name ? -1 : a.config.name > b.config.name ? 1 : 0))
 }
 

@@ -20,7 +20,10 @@ export interface Rejection {
   caller: string | null
   requestId: string
   idempotencyKey?: string | null
-  /** The trace of the request that was refused (32 lowercase hex digits); null or absent when it had none. */
+  /**
+   * The trace of the request that was refused (32 lowercase hex digits, marked `caller:` when
+   * the caller chose it: `traceIdOf`); null or absent when it had none.
+   */
   traceId?: string | null
 }
 
@@ -64,6 +67,12 @@ export interface AuditItem {
   idempotency_key: string | null
   /** The trace of the request that caused the row; null when it had none (tracing off, or before migration 0016). */
   trace_id: string | null
+  /**
+   * Whether `trace_id` is one the caller chose (its `traceparent`), not one the gateway
+   * started: a caller can name any trace, another request's included. Null without a trace
+   * id, and on rows written before migration 0020.
+   */
+  trace_from_caller: boolean | null
 }
 
 /** Rejections of one code in one time bucket; `at` is the bucket's start. */
@@ -84,7 +93,8 @@ export async function recordRejection(db: Db, r: Rejection): Promise<void> {
 export async function listAudit(db: Db, q: AuditQuery): Promise<AuditItem[]> {
   return db.sql<AuditItem>`
     SELECT id::text, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS at, tenant, route, entity, code,
-           presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key, trace_id
+           presented_fence::text, highest_fence::text, method, path, body_sha256, caller, request_id, idempotency_key, trace_id,
+           trace_from_caller
     FROM fg_audit
     WHERE (${q.tenant}::text IS NULL OR tenant = ${q.tenant})
       AND (${q.entity}::text IS NULL OR entity = ${q.entity})

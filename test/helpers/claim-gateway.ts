@@ -35,7 +35,7 @@ export async function serveClaims(t: TestDb, wakeOptions: Omit<ClaimWakeOptions,
   const wake = createClaimWake({ listen: jobs.listenForWork, ...wakeOptions })
   const undici = createUndiciForward()
   const plane = createDataPlane({ config, store: t.store, forward: undici.forward, jobs, claimWake: wake })
-  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server.max_header_bytes)
+  const server: Server = await listen(dataPlaneListener(plane, silentLogger), '127.0.0.1', 0, config.server)
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/_fencegate/jobs`,
     wake,

@@ -47,10 +47,9 @@ export async function startTestGateway(options: { config: Config; store: Store; 
   const authenticate = options.authenticate ?? noAuthentication
   const plane = createDataPlane({ config: options.config, store: options.store, forward: options.forward ?? undici.forward, authenticate, ...(options.jobs ? { jobs: options.jobs } : {}), ...(options.log ? { log: options.log } : {}), ...(options.rules ? { rules: options.rules.registry } : {}), ...(options.tracing ? { tracing: options.tracing } : {}), ...(options.storeSystem ? { storeSystem: options.storeSystem } : {}), ...(options.outcomeWaits ? { outcomeWaits: options.outcomeWaits } : {}), ...(options.browserGuard ? { browserGuard: options.browserGuard } : {}) })
   const admin = createAdminApp({ store: options.store, authenticate, ...(options.rules ? { rules: options.rules } : {}), ...(options.db ? { db: options.db } : {}), ...(options.tracing ? { tracing: options.tracing } : {}) })
-  const maxHeader = options.config.server.max_header_bytes
   const linger = { timeMs: options.config.server.lingering_time, timeoutMs: options.config.server.lingering_timeout }
-  const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger, linger), '127.0.0.1', 0, maxHeader)
-  const adminServer = await listen(honoListener(admin.fetch), '127.0.0.1', 0, maxHeader)
+  const data = await listen(dataPlaneListener(plane, options.log ?? silentLogger, linger), '127.0.0.1', 0, options.config.server)
+  const adminServer = await listen(honoListener(admin.fetch), '127.0.0.1', 0, options.config.server)
   return {
     url: `http://127.0.0.1:${(data.address() as AddressInfo).port}`,
     adminUrl: `http://127.0.0.1:${(adminServer.address() as AddressInfo).port}`,

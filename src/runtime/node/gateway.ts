@@ -1,5 +1,5 @@
 import { getRequestListener } from '@hono/node-server'
-import { createServer, type RequestListener, type Server } from 'node:http'
+import type { RequestListener, Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../admin/app.js'
 import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
@@ -8,6 +8,7 @@ import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore, type JobStore } from '../../leases/store.js'
 import { nodeDataPlane } from './data-plane.js'
 import type { Lingering } from './linger.js'
+import { listen } from './server.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -34,6 +35,8 @@ import { keysPolledAtOnce, outcomeWaits } from '../../gateway/outcome-waits.js'
 
 // Key material is read in key-material.ts; these were always importable from here.
 export { attestationSigner, verificationKeys } from './key-material.js'
+// So is listen, now in server.ts with the connection bounds.
+export { listen, type ServerLimits } from './server.js'
 
 /** Picks the store: an explicit URL, then `store.url`, then DATABASE_URL; none means embedded PGlite. */
 export function databaseUrlFor(config: Config, explicit: string | undefined, env: Record<string, string | undefined>): string | undefined {
@@ -187,8 +190,8 @@ async function listenPlanes(parts: GatewayParts, planes: ReturnType<typeof creat
   try {
     // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
     const linger = { timeMs: config.server.lingering_time, timeoutMs: config.server.lingering_timeout }
-    data = await listen(dataPlaneListener(planes.plane, parts.log, linger), config.server.host, config.server.port, config.server.max_header_bytes)
-    const adminServer = await listen(honoListener(planes.admin.fetch), config.server.admin_host, config.server.admin_port, config.server.max_header_bytes)
+    data = await listen(dataPlaneListener(planes.plane, parts.log, linger), config.server.host, config.server.port, config.server)
+    const adminServer = await listen(honoListener(planes.admin.fetch), config.server.admin_host, config.server.admin_port, config.server)
     return { data, adminServer }
   } catch (err) {
     data?.close()
@@ -268,7 +271,7 @@ type HonoFetch = (request: Request, env: never) => Response | Promise<Response>
  * (src/runtime/node/data-plane.ts), behind the raw-target guard.
  *
  * @example
- * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, 16384)
+ * const server = await listen(dataPlaneListener(createDataPlane(deps), log), '127.0.0.1', 0, config.server)
  */
 export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger, linger?: Lingering): RequestListener {
   return guardTargets(nodeDataPlane({ handle: plane.handle, log, ...(linger ? { linger } : {}) }))
@@ -277,15 +280,6 @@ export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger,
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */
 export function honoListener(fetch: HonoFetch): RequestListener {
   return guardTargets(getRequestListener(fetch as never))
-}
-
-/** Serves a request listener on Node. */
-export function listen(listener: RequestListener, hostname: string, port: number, maxHeaderSize: number): Promise<Server> {
-  return new Promise((resolve, reject) => {
-    const server = createServer({ maxHeaderSize }, listener)
-    server.once('error', reject)
-    server.listen(port, hostname, () => resolve(server))
-  })
 }
 
 function urlOf(server: Server, host: string): string {
