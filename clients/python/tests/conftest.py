@@ -1,0 +1,98 @@
+"""A real gateway for the suite: `node dist/src/cli/main.js serve` on free ports, an embedded PGlite
+store in a temporary directory, `auth.mode: jwt` (HS256), and a recording upstream behind its routes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from helpers import AUDIENCE, ISSUER, SECRET, Upstream, token
+
+ROOT = Path(__file__).resolve().parents[3]
+CLI = ROOT / "dist" / "src" / "cli" / "main.js"
+# name -> lease; each test uses its own types, so the tests of one session never claim each other's jobs.
+JOB_TYPES = {"basic": "20s", "batch": "20s", "ctx": "20s", "beat": "2s", "cancel": "2s", "report": "2s",
+             "report_async": "2s", "work": "5s", "work_async": "5s", "drain": "2s", "drain_async": "2s",
+             "shutdown": "20s", "shutdown_async": "20s", "examples": "20s", "keys": "20s"}
+
+
+@dataclass
+class Gateway:
+    url: str
+    admin_url: str
+    upstream: Upstream
+
+    def token(self, sub: str, scope: str | None = None) -> str:
+        return token(sub) if scope is None else token(sub, scope)
+
+
+def _config(upstream: str) -> dict:
+    fenced = {"upstream": upstream, "entity": "job:{header.X-Job-Id}", "fence": "lease", "idempotency": "required"}
+    return {
+        "server": {"port": 0, "admin_port": 0},
+        "log": {"level": "info"},
+        "auth": {"mode": "jwt", "issuer": ISSUER, "audience": AUDIENCE, "hs256_secret": SECRET},
+        "job_types": [{"name": n, "lease": lease, "max_attempts": 10, "backoff": "1s"} for n, lease in JOB_TYPES.items()],
+        "routes": [{"name": "report-step", "method": "POST", "path": "/reports/:job/:step", **fenced},
+                   {"name": "mcp", "method": "POST", "path": "/mcp", **fenced}],
+    }
+
+
+def _wait_listening(log: Path, proc: subprocess.Popen, deadline: float) -> dict:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        for line in log.read_text().splitlines():
+            if '"listening"' in line:
+                return json.loads(line)
+        time.sleep(0.05)
+    raise RuntimeError(f"the gateway did not start: {log.read_text()[-2000:]}")
+
+
+def _wait_health(admin_url: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{admin_url}/health", timeout=2) as res:
+                if res.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("the gateway's /health never answered 200")
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    node = shutil.which("node")
+    if node is None or not CLI.exists():
+        pytest.fail(f"needs node and the built gateway ({CLI}): run `npm run build` first")
+    upstream = Upstream()
+    with tempfile.TemporaryDirectory(prefix="fencegate-py-") as tmp:
+        config = Path(tmp) / "fencegate.yaml"
+        config.write_text(json.dumps(_config(upstream.url)))  # JSON is YAML
+        log = Path(tmp) / "gateway.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([node, str(CLI), "serve", "--config", str(config), "--data-dir", str(Path(tmp) / "data")],
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
+            try:
+                deadline = time.monotonic() + 60
+                listening = _wait_listening(log, proc, deadline)
+                _wait_health(listening["admin_url"], deadline)
+                yield Gateway(listening["data_url"], listening["admin_url"], upstream)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                upstream.close()
