@@ -218,12 +218,12 @@ describe.each(backends())('migration 0016 on $name', (backend) => {
     }
   })
 
-  it('0020 on a database at 0018: earlier rows unmarked, a caller: trace id split off whichever function audits, and no function body changed', async () => {
+  it('0020 on a database at 0019: earlier rows unmarked, a caller: trace id split off whichever function audits, and no function body changed', async () => {
     const t = await backend.open()
     try {
       await t.db.exec('DROP SCHEMA public CASCADE; CREATE SCHEMA public;')
       const all = loadMigrations()
-      await migrate(t.db, all.filter((m) => m.id <= 18))
+      await migrate(t.db, all.filter((m) => m.id <= 19))
       const traceId = '4bf92f3577b34da6a3ce929d0e0e4736'
       const present = (fence: number, requestId: string, trace: string | null) =>
         t.db.sql`SELECT fg_present_fence('acme', 'capture', 'invoice:1', ${fence}::bigint, 'POST', '/p', NULL, 'w', ${requestId}, NULL, ${trace})`
