@@ -4,22 +4,7 @@ import { McpError } from '@modelcontextprotocol/sdk/types.js'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
-import { startTicketServer, type TicketServer } from './helpers/mcp-ticket-server.js'
-
-/** The route of the issue's contract (docs/recipes/mcp.md), at `path`. */
-export function ticketsRoute(upstream: string, path = '/mcp', name = 'tickets-mcp'): Record<string, unknown> {
-  return {
-    name, method: 'POST', path, upstream, fence: 'off', timeout_ms: 5000,
-    mcp: [
-      { tool: 'create_ticket', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required' },
-      {
-        tool: 'add_comment', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required',
-        idempotency_key: 'comment:{body.params.arguments.ticket_id}:{body.params.arguments.comment_id}', idempotency_payload: 'key',
-      },
-      { method: 'tasks/cancel', entity: 'task:{body.params.taskId}', fence: 'required' },
-    ],
-  }
-}
+import { startTicketServer, ticketsRoute, type TicketServer } from './helpers/mcp-ticket-server.js'
 
 /** A call's `_meta` with fencegate's fence and key, as an agent framework sets per-call metadata. */
 const meta = (fence?: string | number, key?: string) => ({

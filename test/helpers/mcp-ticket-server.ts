@@ -95,3 +95,18 @@ async function text(req: IncomingMessage): Promise<string> {
   for await (const chunk of req) chunks.push(chunk as Buffer)
   return Buffer.concat(chunks).toString('utf8')
 }
+
+/** The route of the issue's contract (docs/recipes/mcp.md), at `path`. */
+export function ticketsRoute(upstream: string, path = '/mcp', name = 'tickets-mcp'): Record<string, unknown> {
+  return {
+    name, method: 'POST', path, upstream, fence: 'off', timeout_ms: 5000,
+    mcp: [
+      { tool: 'create_ticket', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required' },
+      {
+        tool: 'add_comment', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required',
+        idempotency_key: 'comment:{body.params.arguments.ticket_id}:{body.params.arguments.comment_id}', idempotency_payload: 'key',
+      },
+      { method: 'tasks/cancel', entity: 'task:{body.params.taskId}', fence: 'required' },
+    ],
+  }
+}
