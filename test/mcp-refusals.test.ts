@@ -1,6 +1,9 @@
 import { describe, expect, it } from 'vitest'
 import { parseConfig } from '../src/config/schema.js'
 import { withRpcId } from '../src/http/jsonrpc.js'
+import { HeaderList } from '../src/http/header-list.js'
+import { replayForMessage } from '../src/gateway/mcp.js'
+import { compileRoute } from '../src/gateway/route.js'
 import { FencegateError, problemAnswer, problemCatalog, type ProblemCode } from '../src/http/problems.js'
 import { backends } from './helpers/backends.js'
 import { sharedGateway } from './helpers/fresh-gateway.js'
@@ -95,6 +98,14 @@ describe('the mcp configuration', () => {
     expect(problems(route).join('\n')).toMatch(message)
   })
 
+  it('a rule\'s scopes add to the route\'s; its other fields are the route\'s unless it sets them', () => {
+    const config = parseConfig({ auth: { mode: 'jwt', issuer: 'i', audience: 'a', hs256_secret: 'x'.repeat(32) }, routes: [{ ...base, scopes: ['mcp:use'], timeout_ms: 3000, mcp: [{ tool: 'a', scopes: ['tickets:write'], fence: 'optional', entity: 't:{body.params.arguments.id}' }] }] })
+    const rule = compileRoute(config.routes[0]!).mcp!.tools.get('a')!
+    expect(rule.config).toMatchObject({ name: 'm/a', scopes: ['mcp:use', 'tickets:write'], timeout_ms: 3000, fence: 'optional', idempotency: 'off' })
+    expect(rule.answers).toBe('jsonrpc')
+    expect(compileRoute(config.routes[0]!).mcp!.passthrough.config).toMatchObject({ fence: 'off', idempotency: 'off', scopes: ['mcp:use'] })
+  })
+
   it('an MCP route also claims its path\'s GET and DELETE', () => {
     expect(() => parseConfig({ routes: [{ ...base, mcp: [{ tool: 'a' }] }, { ...base, name: 'g', method: 'GET' }] })).toThrow(/another route already matches GET \/mcp/)
   })
@@ -102,6 +113,11 @@ describe('the mcp configuration', () => {
 
 describe('a stored answer with a duplicate\'s own id', () => {
   const splice = (body: string, type: string, id: string | number) => new TextDecoder().decode(withRpcId(new TextEncoder().encode(body), type, id))
+  it('drops Mcp-Session-Id from a replayed answer and gives it the duplicate\'s id', () => {
+    const answer = replayForMessage({ status: 200, headers: new HeaderList([['content-type', 'application/json'], ['mcp-session-id', 's-1']]), body: new TextEncoder().encode('{"jsonrpc":"2.0","id":1,"result":{}}') }, 'n-9')
+    expect(answer.headers.get('mcp-session-id')).toBeNull()
+    expect(new TextDecoder().decode(answer.body as Uint8Array)).toBe('{"jsonrpc":"2.0","id":"n-9","result":{}}')
+  })
   it('replaces the top-level id of a JSON answer, every other byte as stored', () => {
     expect(splice('{"result":{"id":1,"s":"\\"id\\":1"},"jsonrpc":"2.0","id":1}', 'application/json', 'n-2')).toBe('{"result":{"id":1,"s":"\\"id\\":1"},"jsonrpc":"2.0","id":"n-2"}')
   })

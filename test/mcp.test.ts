@@ -79,11 +79,15 @@ describe.each(backends())('MCP through fencegate with the official 1.x SDK (sess
       { tool: 'create_ticket', ticket: 'T-lease', fence: '2' },
       { tool: 'create_ticket', ticket: 'T-lease', fence: '2' },
     ])
+    // The audit trail names the tool.
+    const rows = await t.db.sql<{ route: string }>`SELECT route FROM fg_audit WHERE code = 'stale_fence' AND entity = 'ticket:T-lease'`
+    expect(rows.map((r) => r.route)).toEqual(['tickets-mcp/create_ticket', 'tickets-mcp/create_ticket'])
   })
 
   it('takes the fence and key from params._meta; a header and _meta that disagree are refused with 400 codes', async () => {
     const client = await agent()
-    expect(text(await client.callTool({ name: 'create_ticket', arguments: { ticket_id: 'T-meta', title: 'm' }, _meta: meta(7, 'meta-1') }))).toMatch(/^created T-meta/)
+    // The fence as a decimal string here; as a number elsewhere.
+    expect(text(await client.callTool({ name: 'create_ticket', arguments: { ticket_id: 'T-meta', title: 'm' }, _meta: meta('7', 'meta-1') }))).toMatch(/^created T-meta/)
     expect(tickets.calls.at(-1)).toEqual({ tool: 'create_ticket', ticket: 'T-meta', fence: '7' })
     const fenced = await agent({ 'x-execution-fence': '8' })
     const fence = await refused(fenced.callTool({ name: 'create_ticket', arguments: { ticket_id: 'T-meta', title: 'm' }, _meta: meta(9, 'meta-2') }))

@@ -1,9 +1,11 @@
 import { randomUUID } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import { createServer, type IncomingMessage, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js'
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js'
+import { parse } from 'yaml'
 import { z } from 'zod'
 
 /** A `tools/call` as the ticket server received it: the tool, its ticket and the fence header it came with. */
@@ -96,17 +98,9 @@ async function text(req: IncomingMessage): Promise<string> {
   return Buffer.concat(chunks).toString('utf8')
 }
 
-/** The route of the issue's contract (docs/recipes/mcp.md), at `path`. */
+/** The route of docs/recipes/mcp.md, read from its YAML, at `path` and pointed at `upstream`. */
 export function ticketsRoute(upstream: string, path = '/mcp', name = 'tickets-mcp'): Record<string, unknown> {
-  return {
-    name, method: 'POST', path, upstream, fence: 'off', timeout_ms: 5000,
-    mcp: [
-      { tool: 'create_ticket', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required' },
-      {
-        tool: 'add_comment', entity: 'ticket:{body.params.arguments.ticket_id}', fence: 'required', idempotency: 'required',
-        idempotency_key: 'comment:{body.params.arguments.ticket_id}:{body.params.arguments.comment_id}', idempotency_payload: 'key',
-      },
-      { method: 'tasks/cancel', entity: 'task:{body.params.taskId}', fence: 'required' },
-    ],
-  }
+  const doc = readFileSync(new URL('../../docs/recipes/mcp.md', import.meta.url), 'utf8')
+  const route = (parse(/```yaml\n([\s\S]*?)```/.exec(doc)![1]!) as { routes: Record<string, unknown>[] }).routes[0]!
+  return { ...route, name, path, upstream }
 }
