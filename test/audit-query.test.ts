@@ -69,7 +69,7 @@ describe('parseAuditQuery accepts', () => {
     expect(parse({ code }).code).toBe(code)
   })
 
-  it.each(['capture', 'capture-payment', 'v1.capture_2', 'A', `a${'b'.repeat(63)}`])('route=%s', (route) => {
+  it.each(['capture', 'capture-payment', 'v1.capture_2', 'A', `a${'b'.repeat(63)}`, 'tickets-mcp/create_ticket', 'tickets-mcp/tasks/cancel'])('route=%s', (route) => {
     expect(parse({ route }).route).toBe(route)
   })
 
@@ -158,7 +158,7 @@ describe('parseAuditQuery rejects', () => {
     rejects({ code }, 'code')
   })
 
-  it.each(['', '-capture', '_capture', 'a b', 'a/b', 'a'.repeat(65)])('route=%j', (route) => {
+  it.each(['', '-capture', '_capture', 'a b', 'a/', '/b', 'a/-b', 'a'.repeat(65)])('route=%j', (route) => {
     rejects({ route }, 'route')
   })
 

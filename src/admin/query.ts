@@ -100,7 +100,8 @@ const auditFilterShape = {
   tenant: tenantParam,
   entity: z.string().regex(new RegExp(`^[\\s\\S]{1,${maxEntityLength}}$`), `1-${maxEntityLength} characters`).optional().describe('Only rows about this entity'),
   code: z.string().regex(/^[a-z_]{1,64}$/, 'an error code such as stale_fence').optional().describe('Only rows with this problem code'),
-  route: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'a route name').optional().describe('Only rows for this route'),
+  // An MCP rule's rows name its route and tool or method: `tickets-mcp/create_ticket` (src/config/mcp-schema.ts).
+  route: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(\/[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127})?$/, 'a route name').optional().describe('Only rows for this route (an MCP rule\'s: route/tool)'),
   caller: z.string().regex(/^[\s\S]{1,256}$/, '1-256 characters').optional().describe('Only rows of this caller (the token\'s subject)'),
   trace_id: z.string().regex(/^[0-9a-f]{32}$/, 'a trace id: 32 lowercase hex digits').optional()
     .describe('Only rows of this trace: the W3C trace id of the request that caused them, as its SERVER span and log lines carry it'),

@@ -1,6 +1,7 @@
 import { z } from 'zod'
 import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, defaultKeyTemplate, isStorableText, maxEntityLength, keyHeaderOf, reservedPrefix } from './templates.js'
 import { checkUpstreamTls, upstreamTlsSchema } from './upstream-tls.js'
+import { checkMcpRules, mcpRuleSchema } from './mcp-schema.js'
 import { duration, errorEnvelopes, headerName, integer, ruleName, size, upstream } from './fields.js'
 
 // Framing, cookies and what only the gateway sets on a replay never come from the store.
@@ -76,7 +77,10 @@ export const routeSchema = z.object({
   upstream_tls: upstreamTlsSchema.optional(),
   /** Sign a Fence-Attestation for the upstream (src/attest.ts); needs the gateway's `attestation` section. */
   attest: z.boolean().default(false),
+  /** An MCP endpoint: rules per JSON-RPC message (a tool of tools/call, or a method); other messages follow the route's own fields. */
+  mcp: z.array(mcpRuleSchema).min(1).optional(),
 }).strict().superRefine((r, ctx) => {
+  checkMcpRules(r, ctx)
   // An attestation says a fence check passed; on a route that checks none it would say nothing.
   if (typeof r.upstream?.origin === 'string') checkUpstreamTls(r.upstream_tls, r.upstream.origin, ctx)
   if (r.attest && r.fence === 'off') ctx.addIssue({ code: 'custom', path: ['attest'], message: 'attest needs a fence check: set fence to required, optional or lease' })
@@ -145,14 +149,17 @@ export function checkRouteSet(routes: RouteConfig[], authMode: 'none' | 'jwt', c
   const names = new Set<string>()
   const shapes = new Set<string>()
   routes.forEach((r, i) => {
-    if (authMode === 'none' && r.scopes.length > 0) ctx.addIssue({ code: 'custom', path: ['routes', i, 'scopes'], message: 'scopes need auth.mode: jwt' })
+    if (authMode === 'none' && (r.scopes.length > 0 || r.mcp?.some((m) => m.scopes?.length))) ctx.addIssue({ code: 'custom', path: ['routes', i, 'scopes'], message: 'scopes need auth.mode: jwt' })
     if (authMode === 'none' && r.claimed_tenant) ctx.addIssue({ code: 'custom', path: ['routes', i, 'claimed_tenant'], message: 'claimed_tenant needs auth.mode: jwt' })
     if (r.attest && !canAttest) ctx.addIssue({ code: 'custom', path: ['routes', i, 'attest'], message: "attest needs the gateway's attestation section (its signing key)" })
     if (names.has(r.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name ${r.name}` })
     names.add(r.name)
-    const shape = `${r.method} ${r.path.replace(/:[^/]+/g, ':')}`
-    if (shapes.has(shape)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'path'], message: `another route already matches ${r.method} ${r.path}` })
-    shapes.add(shape)
+    // An MCP route also serves its path's GET and DELETE (the session's stream and its end).
+    for (const method of r.mcp ? [r.method, 'GET', 'DELETE'] : [r.method]) {
+      const shape = `${method} ${r.path.replace(/:[^/]+/g, ':')}`
+      if (shapes.has(shape)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'path'], message: `another route already matches ${method} ${r.path}` })
+      shapes.add(shape)
+    }
   })
 }
 

@@ -6,6 +6,7 @@ import { attestationSchema, authSchema, jobTypeSchema } from './sections.js'
 // The sections live in their own modules; this one assembles the file's shape and is where
 // callers import the configuration from.
 export { checkRouteSet, entityRuleSchema, idempotencyWaitOf, routeSchema, type EntityRuleConfig, type RouteConfig } from './route-schema.js'
+export { mcpRuleConfig, mcpRuleSchema, type McpRuleConfig } from './mcp-schema.js'
 export { attestationSchema, authSchema, jobTypeSchema, type AttestationConfig, type AuthConfig, type JobType } from './sections.js'
 
 /** `store.max_connections` when not given. */

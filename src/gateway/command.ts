@@ -95,8 +95,8 @@ function readClaim(where: string, sources: EntitySources): string | undefined {
  * most once, when first asked for, in its one reading (src/http/body-fields.ts): a form when
  * its Content-Type says so, else strict JSON, refused where an upstream could read it otherwise.
  */
-export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array): EntitySources {
-  let fields: BodyFields | undefined
+export function entitySources(request: { headers: HeaderView }, url: URL, params: Record<string, string>, bytes: Uint8Array, read?: BodyFields): EntitySources {
+  let fields: BodyFields | undefined = read
   return {
     params,
     query: url.searchParams,

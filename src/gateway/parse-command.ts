@@ -1,3 +1,4 @@
+import type { BodyFields } from '../http/body-fields.js'
 import type { Inbound } from '../http/inbound.js'
 import { refuseFormMethodOverride } from '../http/method-override.js'
 import { FencegateError } from '../http/problems.js'
@@ -17,6 +18,10 @@ export interface CommandInput {
   url: URL
   params: Record<string, string>
   bytes: Uint8Array
+  /** The body's one reading, when a step before (the MCP seam) has taken it already. */
+  fields?: BodyFields | undefined
+  /** What of the body names the operation for a key's fingerprint, when not all of it (an MCP message without its id and _meta). */
+  payload?: Uint8Array | undefined
 }
 
 /** The entity, on a route whose entity reads a header (it is then part of the key's fingerprint). */
@@ -34,7 +39,7 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
   const route = trace.route!
   const rc = route.config
   refuseAmbiguousHeaders(route, request.headers)
-  const sources = entitySources(request, url, params, bytes)
+  const sources = entitySources(request, url, params, bytes, input.fields)
   // The body's one reading comes first, whatever the policy then reads of it: an unreadable body is refused, never read as silent.
   if (route.readsBody) sources.body()
   else refuseFormMethodOverride(request.headers, bytes)
@@ -67,7 +72,7 @@ export async function parseCommand(ctx: Pick<PipelineContext, 'digest'>, input: 
     key: trace.key,
     fingerprint: rc.idempotency_payload === 'key'
       ? await keyFingerprint(request.method, rc.name, trace.entity ?? entityOf(route, sources), ctx.digest)
-      : await payloadFingerprint(request.method, rc.name, url.pathname, url.search, trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),
+      : await payloadFingerprint(request.method, rc.name, url.pathname, url.search, input.payload ? await ctx.digest(input.payload) : trace.bodySha256 ?? await ctx.digest(bytes), ctx.digest, headerEntityOf(route, sources, trace.entity)),
     ownerToken: crypto.randomUUID(),
     lockMs: rc.idempotency_lock,
     ttlMs: rc.idempotency_ttl,

@@ -2,7 +2,7 @@ import type { Answer } from '../http/exchange.js'
 import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
 import { refuseMethodOverride } from '../http/method-override.js'
-import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable } from '../http/problems.js'
+import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable, type ProblemRendering } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
 import { DurabilityRefusal } from '../store/durability.js'
@@ -15,6 +15,7 @@ import { contextOf, type PipelineContext, type PipelineDeps } from './context.js
 import { clientResponseHeaders } from './forward.js'
 import type { BodySource, Inbound } from '../http/inbound.js'
 import { giveSlotBack, takeSlot } from './ordering.js'
+import { readMcpMessage, replayForMessage, type McpMessage } from './mcp.js'
 import { logged, settleResponse } from './outcome.js'
 import { parseCommand, type CommandInput } from './parse-command.js'
 import { answerReservation, reserve } from './reservation.js'
@@ -73,20 +74,20 @@ async function decide(ctx: PipelineContext, request: Inbound, trace: Trace, star
   const requestId = trace.requestId
   try {
     // 1. Route: only configured routes are forwarded; the gateway is never an open proxy.
-    const { route, params, rules } = matchRoute(ctx, request, url, trace)
+    const matched = matchRoute(ctx, request, url, trace)
+    const { params, rules } = matched
     // 2. Identity: the tenant comes from the verified token, never from the request.
     trace.identity = await ctx.authenticate(request)
+    // 2b. An MCP POST: read its one JSON-RPC message and choose its rule, whose Route decides it from here.
+    const message = matched.route.mcp && request.method === 'POST' ? await readMcpMessage(ctx, request, matched.route, trace) : undefined
+    if (message) request = message.request
+    const route = trace.route!
     if (route.config.scopes.length > 0) await audited(ctx, trace, async () => requireScopes(trace.identity!, route.config.scopes))
     // 3. Body: buffered when its hash is recorded (fenced or idempotent), else streamed.
-    const body = await takeBody(ctx, request, route, trace)
+    const body = await takeBody(ctx, request, route, trace, message)
     // 4. Fence and key: parse both, resolve the entity, then reserve in one store call.
-    const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes }, trace, rules) : {}
-    if (reserved.replay) {
-      echoIdempotencyKey(reserved.replay.headers, request, route.config)
-      hintReplay(reserved.replay.headers, route.config)
-      logDecision(ctx, trace, 'replayed', reserved.replay.status, started)
-      return reserved.replay
-    }
+    const reserved = body.bytes ? await reserveCommand(ctx, { request, url, params, bytes: body.bytes, fields: message?.fields, payload: message?.payload }, trace, rules) : {}
+    if (reserved.replay) return replayed(ctx, request, reserved.replay, trace, started)
     const held = reserved.held
     // 4b. Ordering: with `serialize`, wait for the entity's delivery slot; a newer fence meanwhile makes this one stale.
     const slot = trace.ordering === 'serialize' ? await takeDeliverySlot(ctx, trace, held) : undefined
@@ -101,9 +102,29 @@ async function decide(ctx: PipelineContext, request: Inbound, trace: Trace, star
     // 6. Record and respond: stream the answer back, storing it for replay when a key is held.
     return await respond(ctx, request, upstream, held, trace, started)
   } catch (err) {
-    const accept = request.headers.get('accept')
-    return problemAnswer(rejected(ctx, err, request, trace, started), requestId, { envelope: trace.route?.config.error_envelope, accept })
+    return problemAnswer(rejected(ctx, err, request, trace, started), requestId, renderingOf(request, trace))
   }
+}
+
+/** A stored answer given to a duplicate, in the route's terms (an MCP message's with its own id). */
+function replayed(ctx: PipelineContext, request: Inbound, replay: Answer, trace: Trace, started: number): Answer {
+  const rc = trace.route!.config
+  const answer = trace.route!.answers === 'jsonrpc' ? replayForMessage(replay, trace.rpc?.id) : replay
+  echoIdempotencyKey(answer.headers, request, rc)
+  hintReplay(answer.headers, rc)
+  logDecision(ctx, trace, 'replayed', answer.status, started)
+  return answer
+}
+
+/**
+ * The answer shape of a refusal, chosen once per route: problem+json in the route's envelope
+ * and the client's media type, or on an MCP route a JSON-RPC error answer to the message's id
+ * (a notification, which has none, is told by the HTTP status, as MCP's transport says).
+ */
+function renderingOf(request: Inbound, trace: Trace): ProblemRendering {
+  const route = trace.route
+  if (route?.answers === 'jsonrpc' && !(trace.rpc && trace.rpc.id === undefined)) return { jsonrpc: { id: trace.rpc?.id ?? null } }
+  return { envelope: route?.config.error_envelope, accept: request.headers.get('accept') }
 }
 
 function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Trace): { route: Route; params: Record<string, string>; rules: RuleSet } {
@@ -119,16 +140,18 @@ function matchRoute(ctx: PipelineContext, request: Inbound, url: URL, trace: Tra
 
 const notExceeded = () => false
 
-async function takeBody(ctx: PipelineContext, request: Inbound, route: Route, trace: Trace): Promise<HeldBody> {
+async function takeBody(ctx: PipelineContext, request: Inbound, route: Route, trace: Trace, message: McpMessage | undefined): Promise<HeldBody> {
   const rc = route.config
   const checked = rc.fence !== 'off' || rc.idempotency !== 'off' || rc.claimed_tenant !== undefined
   if (!checked) {
+    // An MCP message was read whole to choose its rule: it goes on as those bytes.
+    if (message) return { bytes: undefined, body: message.bytes, exceeded: notExceeded }
     const passed = await request.passBody(ctx.bodyLimit)
     return { bytes: undefined, body: passed.body, exceeded: passed.exceeded }
   }
   let bytes: Uint8Array
   try {
-    bytes = await request.readBody(ctx.bodyLimit)
+    bytes = message?.bytes ?? await request.readBody(ctx.bodyLimit)
     trace.bodySha256 = await ctx.digest(bytes)
   } catch (err) {
     await auditRejection(ctx, trace, err)

@@ -1,7 +1,7 @@
 import type { BodyFields } from '../http/body-fields.js'
 import type { HeaderView } from '../http/exchange.js'
 import { FencegateError } from '../http/problems.js'
-import type { RouteConfig } from '../config/schema.js'
+import { mcpRuleConfig, type RouteConfig } from '../config/schema.js'
 import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, isStorableText, keyHeaderOf, maxEntityLength, partValue, type EntityTemplate, type PathPattern, type Segment, type TemplatePart } from '../config/templates.js'
 
 export { compileEntityTemplate, compilePathPattern, isStorableText, maxEntityLength, reservedPrefix, type EntityTemplate, type PathPattern } from '../config/templates.js'
@@ -21,9 +21,26 @@ export interface Route {
   singleHeaders: string[]
   /** Whether a decision reads the body (entity, key or claimed tenant): it is then read, once, before any of them. */
   readsBody: boolean
+  /** How its refusals are written, chosen once per route: problem+json (in its `error_envelope`), or JSON-RPC errors. */
+  answers: 'problem' | 'jsonrpc'
+  /** An MCP route's rules, each compiled once into the Route its messages are decided by (src/gateway/mcp.ts). */
+  mcp?: McpRoutes
 }
 
-export function compileRoute(config: RouteConfig): Route {
+/** The Routes of an MCP route's messages: per tool of `tools/call`, per other method, and its GET and DELETE. */
+export interface McpRoutes {
+  tools: ReadonlyMap<string, Route>
+  methods: ReadonlyMap<string, Route>
+  /** GET (the session's stream) and DELETE (its end): passed through, fence and key off. */
+  passthrough: Route
+}
+
+/**
+ * Compiles a route's templates once; an MCP route's rules too, each into a Route of its own.
+ *
+ * @example compileRoute(parseConfig(file).routes[0]).mcp?.tools.get('create_ticket')?.config.name // 'tickets-mcp/create_ticket'
+ */
+export function compileRoute(config: RouteConfig, answers: Route['answers'] = config.mcp ? 'jsonrpc' : 'problem'): Route {
   const pattern = compilePathPattern(config.path)
   const entity = config.entity === undefined ? undefined : compileEntityTemplate(config.entity)
   const key = compileKeyTemplate(config.idempotency_key)
@@ -41,7 +58,23 @@ export function compileRoute(config: RouteConfig): Route {
   // unknown outcome again if `Connection: idempotency-key` stripped it on the way.
   const keyHeaders = config.idempotency === 'off' ? [] : headersOf(key)
   const decisionHeaders = [...new Set([...singleHeaders, ...keyHeaders])]
-  return { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders, singleHeaders: [...new Set(singleHeaders)], readsBody }
+  const route: Route = { config, pattern, entity, key, keyHeader: keyHeaderOf(key), decisionHeaders, singleHeaders: [...new Set(singleHeaders)], readsBody, answers }
+  if (config.mcp) route.mcp = compileMcpRoutes(config)
+  return route
+}
+
+function compileMcpRoutes(config: RouteConfig): McpRoutes {
+  const tools = new Map<string, Route>()
+  const methods = new Map<string, Route>()
+  for (const rule of config.mcp ?? []) {
+    const compiled = compileRoute(mcpRuleConfig(config, rule), 'jsonrpc')
+    if (rule.tool !== undefined) tools.set(rule.tool, compiled)
+    else methods.set(rule.method!, compiled)
+  }
+  // A GET or DELETE carries no message: nothing to decide but the route's scopes.
+  const { entity: _entity, claimed_tenant: _claim, mcp: _mcp, ...rest } = config
+  const passthrough = compileRoute({ ...rest, fence: 'off', idempotency: 'off' }, 'problem')
+  return { tools, methods, passthrough }
 }
 
 /** The headers a template reads, lower-cased. */
@@ -63,15 +96,16 @@ export interface RouteMatch { route: Route; params: Record<string, string> }
 export function createRouter(routes: RouteConfig[]) {
   // The most specific route wins, so that where a route sits in the file or in the
   // rules table (which has no order) never decides where a request goes.
-  const compiled = routes.map(compileRoute).sort((a, b) => bySpecificity(a.pattern.segments, b.pattern.segments))
+  const compiled = routes.map((r) => compileRoute(r)).sort((a, b) => bySpecificity(a.pattern.segments, b.pattern.segments))
   return {
     routes: compiled,
     match(method: string, pathname: string): RouteMatch | undefined {
       const segments = pathname.split('/').slice(1)
       for (const route of compiled) {
-        if (route.config.method !== method || route.pattern.segments.length !== segments.length) continue
+        const own = route.config.method === method
+        if (!(own || (route.mcp && (method === 'GET' || method === 'DELETE'))) || route.pattern.segments.length !== segments.length) continue
         const params = matchSegments(route.pattern.segments, segments)
-        if (params) return { route, params }
+        if (params) return { route: own ? route : route.mcp!.passthrough, params }
       }
       return undefined
     },

@@ -1,5 +1,6 @@
 import type { Config } from '../config/schema.js'
 import type { Identity } from '../http/identity.js'
+import type { RpcId } from '../http/jsonrpc.js'
 import type { ProblemCode } from '../http/problems.js'
 import type { Logger } from '../observe/log.js'
 import type { Metrics, RequestOutcome } from '../observe/metrics.js'
@@ -33,6 +34,8 @@ export interface Trace {
   span?: OpenSpan
   /** What the store decided about the Idempotency-Key, when one was presented (`reserved`, `replay`, `in_progress`...). */
   idempotencyOutcome?: string
+  /** An MCP message (src/gateway/mcp.ts): its JSON-RPC id (undefined for a notification), method and tool. */
+  rpc?: { id: RpcId | undefined; method?: string | undefined; name?: string | undefined }
 }
 
 /** Runs a step, adding its duration to the trace's store or upstream time, whether it succeeds or throws. */
@@ -70,6 +73,7 @@ export function logDecision(ctx: { log: Logger; metrics: Metrics; tracing: Traci
   if (route !== undefined && trace.upstreamMs !== undefined) ctx.metrics.upstream({ route, durationMs: trace.upstreamMs })
   ctx.log.info('request', {
     request_id: trace.requestId, route, method: trace.method, tenant: trace.identity?.tenant,
+    mcp_method: trace.rpc?.method, mcp_tool: trace.rpc?.name,
     entity: trace.entity, fence: trace.fence, key_sha256: trace.keySha256, rule_version: trace.ruleVersion, outcome, code, status,
     duration_ms: roundMs(durationMs), store_ms: roundMs(trace.storeMs), upstream_ms: roundMs(trace.upstreamMs),
   })

@@ -1,6 +1,7 @@
 import { toResponse, type Answer } from './exchange.js'
 import { HeaderList } from './header-list.js'
 import { envelopeMembers, problemMediaType, type ErrorEnvelope } from './envelopes.js'
+import { rpcErrorBody, type RpcId } from './jsonrpc.js'
 /**
  * Every error fencegate answers with, in one place: a stable `code`, its HTTP
  * status and a title. Clients branch on `code`; titles are for people.
@@ -165,10 +166,15 @@ export interface ProblemBody {
   [extra: string]: unknown
 }
 
-/** How to render a problem for one request: the route's envelope and the client's `Accept`. */
+/**
+ * How to render a problem for one request: the route's envelope and the client's `Accept`, or,
+ * on an MCP route, a JSON-RPC error answer to the message's `id` (src/http/jsonrpc.ts).
+ */
 export interface ProblemRendering {
   envelope?: ErrorEnvelope
   accept?: string | null
+  /** The message's id: a known one is answered `200` (the refusal is the message's answer); `null` with the problem's status. */
+  jsonrpc?: { id: RpcId }
 }
 
 /**
@@ -207,7 +213,20 @@ export function problemResponse(err: unknown, requestId?: string, how: ProblemRe
 export function problemAnswer(err: unknown, requestId?: string, how: ProblemRendering = {}): Answer {
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
   const headers = new HeaderList(Object.entries(problem.headers))
-  headers.set('content-type', problemMediaType(how.accept))
   if (requestId) headers.set('x-request-id', requestId)
+  if (how.jsonrpc) return rpcProblemAnswer(problem, requestId, how.jsonrpc.id, headers)
+  headers.set('content-type', problemMediaType(how.accept))
   return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId, how.envelope))) }
+}
+
+/**
+ * A problem as a JSON-RPC error answer, as both MCP SDK lines read one: `200` when it answers a
+ * message's id (the SDK rejects that call with the error, its `data` the problem's members), the
+ * problem's status when the id could not be read (as the SDKs' own servers answer a parse error).
+ */
+function rpcProblemAnswer(problem: FencegateError, requestId: string | undefined, id: RpcId, headers: HeaderList): Answer {
+  headers.set('content-type', 'application/json')
+  const { error: _stripe, ...members } = problemBody(problem, requestId)
+  const body = rpcErrorBody(id, { code: problem.code, detail: problem.detail, members })
+  return { status: id === null ? problem.status : 200, headers, body: new TextEncoder().encode(body) }
 }
