@@ -1065,8 +1065,9 @@ function checkGuard(r: RawRequest, s: RawResponse, where: string): void {
   const problem = header(s, 'x-upstream-n') === undefined && header(s, 'idempotent-replayed') === undefined && r.method !== 'HEAD'
   const code = problem ? (JSON.parse(s.body.toString('utf8')) as { code?: string }).code : undefined
   if (expected === null) {
-    // The route's own reading of the body may refuse with a code the guard uses too (a multipart body: 415).
-    if (code !== r.expected) expect(guardCodes, `the browser guard refused a request it should serve: ${where}`).not.toContain(code)
+    // The guard's 415 is the job API's; on a route, a 415 is the route's own reading of the body (multipart, an encoding, a charset).
+    const ownReading = code === 'unsupported_media_type' && !new URL(r.target, 'http://gateway.test').pathname.startsWith(jobsPath)
+    if (!ownReading) expect(guardCodes, `the browser guard refused a request it should serve: ${where}`).not.toContain(code)
     return
   }
   expect(s.status, `the browser guard let through what it must refuse as ${expected}: ${where}`).toBe(problemCatalog[expected as keyof typeof problemCatalog].status)
