@@ -52,6 +52,9 @@ export const configSchema = z.object({
     request_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(3_600_000, 'must be at most 1h')).default(60_000),
     max_connections: integer(1, 1_000_000).default(1024),
     max_connections_per_peer: integer(1, 1_000_000).default(256),
+    // After SIGTERM, how long /readyz fails while both planes keep serving, before the drain
+    // stops accepting: the time load balancers take to stop sending (docs/deployment.md).
+    drain_delay: duration.pipe(z.number().max(300_000, 'must be at most 5m')).default(5_000),
   }).strict().superRefine(checkServerLimits).prefault({}),
   auth: authSchema.prefault({}),
   store: z.object({
