@@ -61,6 +61,12 @@ export const configSchema = z.object({
     url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
       z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
     ),
+    // A direct (or session-mode) connection for LISTEN only, beside a store.url through a
+    // transaction pooler that cannot carry one: rule changes and job wake-ups then arrive by
+    // notification (docs/deployment.md#pgbouncer). Checked by connecting at start.
+    listen_url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
+      z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
+    ),
     data_dir: z.string().min(1).default('.fencegate'),
     // Bounds every refusal while PostgreSQL is unreachable (docs/operations.md).
     connect_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(60_000, 'must be at most 60s')).default(1000),

@@ -5,11 +5,13 @@ import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type Config } from '../../config/schema.js'
 import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore, type JobStore } from '../../leases/store.js'
+import { createClaimWake } from '../../leases/wake.js'
 import { nodeDataPlane } from './data-plane.js'
 import type { Lingering } from './linger.js'
 import { listen, stop, urlOf } from './server.js'
 import { createDrain, type Drain } from './drain.js'
 import { readinessOf } from './readiness.js'
+import { storeOptions } from './store-options.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -152,7 +154,7 @@ async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<
   const { cluster, config } = options
   // The workers share store.max_connections (src/runtime/node/workers.ts).
   const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
-  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
+  const db = await openDb(options.databaseUrl, config.store.data_dir, await storeOptions(config, options.databaseUrl, max))
   const durability = await storeDurability(db, config, log, cluster?.peers)
   cluster?.answerAcknowledged(() => durability.acknowledged())
   const metrics = createPromMetrics({
@@ -186,7 +188,10 @@ function createPlanes(parts: GatewayParts, keys: KeyMaterial, nodeTracing: NodeT
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
   // Duplicates' polls are budgeted from this process's own pool.
   const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(parts.max) })
-  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: parts.upstream.forward, authenticate, jobs: parts.jobs, log: parts.log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(keys.attest ? { attest: keys.attest } : {}), ...dataGuard })
+  // The process's one wake for waiting claims, its counters on /metrics (notification or poll).
+  const claimWake = createClaimWake({ listen: parts.jobs.listenForWork, log: parts.log, maxWaitingPerTenant: config.job_waiting_claims })
+  metrics.watchClaimWake(() => claimWake.stats())
+  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: parts.upstream.forward, authenticate, jobs: parts.jobs, claimWake, log: parts.log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(keys.attest ? { attest: keys.attest } : {}), ...dataGuard })
   const admin = createAdminApp({ store, durability: parts.durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing, readiness: readinessOf(parts) })
   return { plane, admin }
 }
