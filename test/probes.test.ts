@@ -43,7 +43,8 @@ async function gatewayOn(args: string[], drainDelay: string): Promise<GatewayPro
 
 describe('probes on the embedded store', () => {
   it('answers /livez and /readyz, and on SIGTERM fails readiness with draining while it still serves commands', async () => {
-    const gw = await gatewayOn(['--data-dir', mkdtempSync(join(tmpdir(), 'fg-probes-'))], '5s')
+    // Long enough that the checks below run inside it even on a loaded machine (they need well under a second).
+    const gw = await gatewayOn(['--data-dir', mkdtempSync(join(tmpdir(), 'fg-probes-'))], '10s')
     expect(await probe(`${gw.adminUrl}/livez`)).toEqual({ status: 200, json: { status: 'live' } })
     expect(await probe(`${gw.adminUrl}/readyz`)).toEqual({ status: 200, json: { status: 'ready' } })
     expect((await probe(`${gw.adminUrl}/health`)).json.status).toBe('ok')
@@ -60,7 +61,7 @@ describe('probes on the embedded store', () => {
     expect((await probe(`${gw.adminUrl}/livez`)).status).toBe(200)
     expect(await exit).toBe(0)
     expect(gw.lines.some((l) => JSON.parse(l).event === 'draining')).toBe(true)
-  }, 30_000)
+  }, 90_000)
 })
 
 const pg = backends().find((b) => b.name === 'postgres')
