@@ -72,6 +72,7 @@ describe('parseConfig defaults', () => {
       request_timeout: 60_000,
       max_connections: 1024,
       max_connections_per_peer: 256,
+      drain_delay: 5_000,
     })
     expect(config.auth).toEqual({ mode: 'none', tenant_claim: 'tenant_id', clock_tolerance: 5000 })
     expect(config.store).toEqual({ data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
@@ -130,7 +131,7 @@ describe('parseConfig defaults', () => {
 
   it('fills in defaults inside a partially given section', () => {
     const config = parseConfig({ server: { port: 9000 }, store: { url: 'postgres://u@h/db' }, routes: [route()] })
-    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [], headers_timeout: 10_000, request_timeout: 60_000, max_connections: 1024, max_connections_per_peer: 256 })
+    expect(config.server).toEqual({ host: '127.0.0.1', port: 9000, admin_host: '127.0.0.1', admin_port: 8081, max_request_body: 1048576, max_header_bytes: 16384, lingering_time: 30_000, lingering_timeout: 5_000, workers: 1, allowed_hosts: [], headers_timeout: 10_000, request_timeout: 60_000, max_connections: 1024, max_connections_per_peer: 256, drain_delay: 5_000 })
     expect(config.store).toEqual({ url: 'postgres://u@h/db', data_dir: '.fencegate', connect_timeout: 1000, pooler: 'none', max_connections: 20, require_replicated: false, purge_interval: 60_000 })
   })
 
@@ -268,6 +269,8 @@ describe('parseConfig rejects invalid values, naming the field', () => {
     ['zero max_connections', { server: { max_connections: 0 } }, 'server.max_connections'],
     ['zero max_connections_per_peer', { server: { max_connections_per_peer: 0 } }, 'server.max_connections_per_peer'],
     ['per-peer cap over the total', { server: { max_connections: 100 } }, 'server.max_connections_per_peer', 'at most server.max_connections'],
+    ['drain_delay not a duration', { server: { drain_delay: 'a while' } }, 'server.drain_delay', 'expected a duration'],
+    ['drain_delay over 5m', { server: { drain_delay: '10m' } }, 'server.drain_delay', 'at most 5m'],
     ['empty size', { server: { max_request_body: '' } }, 'server.max_request_body'],
     ['boolean size', { server: { max_request_body: true } }, 'server.max_request_body'],
     ['server not an object', { server: 'localhost' }, 'server'],
@@ -550,7 +553,7 @@ describe('${VAR} expansion', () => {
     expect(config.auth.tenant_claim).toBe(value)
     expect(config.store.data_dir).toBe(value)
     expect(Object.keys(config)).toEqual(['server', 'auth', 'store', 'log', 'telemetry', 'routes', 'entity_rules', 'job_types', 'job_retention', 'job_waiting_claims', 'audit', 'fence_history'])
-    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts', 'headers_timeout', 'request_timeout', 'max_connections', 'max_connections_per_peer'])
+    expect(Object.keys(config.server)).toEqual(['host', 'port', 'admin_host', 'admin_port', 'max_request_body', 'max_header_bytes', 'lingering_time', 'lingering_timeout', 'workers', 'allowed_hosts', 'headers_timeout', 'request_timeout', 'max_connections', 'max_connections_per_peer', 'drain_delay'])
     expect(config.server.port).toBe(8080)
     expect(config.routes).toHaveLength(1)
   })

@@ -28,7 +28,8 @@ describe('the admin OpenAPI document stays in sync with the code', () => {
   it('describes every route the admin app registers, and nothing it does not', async () => {
     const exposition = { contentType: 'text/plain', render: async () => '' }
     const registry = await startRuleRegistry({ db: t.db, config: testConfig([route('http://127.0.0.1:9')]), log: silentLogger })
-    const app = createAdminApp({ store: t.store, metrics: noMetrics, exposition, rules: { registry, db: t.db }, db: t.db })
+    const readiness = { draining: () => false, migrationsAtHead: async () => true, rulesLoaded: () => true, durability: () => ({ level: 'local' as const }) }
+    const app = createAdminApp({ store: t.store, metrics: noMetrics, exposition, rules: { registry, db: t.db }, db: t.db, readiness })
     await registry.close()
     // The console's static files under /ui/ are a page, not API (docs/audit.md).
     const registered = new Set(app.routes.filter((r) => r.method !== 'ALL' && !r.path.startsWith('/ui')).map((r) => `${r.method.toLowerCase()} ${r.path.replace(/:([A-Za-z_]+)/g, '{$1}')}`))

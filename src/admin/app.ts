@@ -20,6 +20,7 @@ import { createHistoryApp } from './history.js'
 import { createKeysApp } from './keys.js'
 import { auditFormat, exportAudit, type AuditFormat } from './audit-export.js'
 import { parseAuditQuery, readAuditPage, storeCall, tenantFor, type AdminEnv } from './query.js'
+import { probePaths, routeProbes, type ReadinessChecks } from './probes.js'
 
 export { auditQuerySchema, bumpRequestSchema, parseAuditQuery, parseBump, readAuditPage, tenantQuerySchema, type AuditPage } from './query.js'
 
@@ -43,12 +44,14 @@ export interface AdminDeps {
   db?: Db
   /** A SERVER span per request (src/observe/tracing.ts); defaults to none. Node passes the data plane's. */
   tracing?: Tracing
+  /** What `GET /readyz` checks (src/admin/probes.ts); without it `/readyz` does not exist (404). `/livez` always does. */
+  readiness?: ReadinessChecks
 }
 
 /**
  * Builds the admin-plane Hono app: health, the audit trail, entity state,
  * idempotency records, metrics and its own OpenAPI description.
- * With `auth.mode: jwt` every endpoint but /health needs a token (and all but
+ * With `auth.mode: jwt` every endpoint but /health, /livez and /readyz needs a token (and all but
  * /openapi.json an admin scope); without auth the configuration only lets it listen on loopback.
  *
  * @example
@@ -66,6 +69,7 @@ export function createAdminApp(deps: AdminDeps): Hono<AdminEnv> {
   app.route('/ui', createConsoleApp())
   identifyRequests(app, deps.authenticate ?? noAuthentication)
   routeOwnEndpoints(app, deps)
+  routeProbes(app, deps.readiness)
   app.route('/', createEntitiesApp(store))
   app.route('/', createKeysApp(store))
   if (deps.rules) app.route('/rules', createRulesApp(deps.rules))
@@ -101,8 +105,8 @@ function guardBrowsers(app: Hono<AdminEnv>, guard: BrowserGuard): void {
 function identifyRequests(app: Hono<AdminEnv>, authenticate: Authenticate): void {
   app.use(async (c, next) => {
     c.set('requestId', requestIdOf(c.req.raw))
-    // Health is for load balancers and carries no tenant data; everything else needs an identity.
-    if (c.req.path !== '/health') c.set('identity', await authenticate(c.req.raw))
+    // Health and the probes are for load balancers and kubelets and carry no tenant data; everything else needs an identity.
+    if (!probePaths.has(c.req.path)) c.set('identity', await authenticate(c.req.raw))
     await next()
     c.header('x-request-id', c.get('requestId'))
   })

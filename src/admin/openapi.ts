@@ -1,6 +1,7 @@
 import { z } from 'zod'
 import { auditQuerySchema, auditSummarySchema, bumpRequestSchema, entityPageSchema, tenantQuerySchema } from './query.js'
 import { jobListQuerySchema } from './jobs.js'
+import { livenessSchema, readinessSchema } from './probes.js'
 import { problemCatalog, type ProblemCode } from '../http/problems.js'
 import { entityRuleSchema, routeSchema } from '../config/schema.js'
 import { historyQuery } from '../rules/api.js'
@@ -147,7 +148,7 @@ function buildDocument() {
     info: {
       title: 'fencegate admin plane',
       version: '1',
-      description: 'The admin API. With auth.mode: jwt every endpoint but /health needs a bearer token; /openapi.json accepts any valid token, '
+      description: 'The admin API. With auth.mode: jwt every endpoint but /health, /livez and /readyz needs a bearer token; /openapi.json accepts any valid token, '
         + '/audit and /audit/summary fencegate:admin or fencegate:audit (own tenant only), everything else fencegate:admin. Errors on both planes, data plane '
         + 'included, are application/problem+json (components.schemas.Problem) with a stable code; x-problem-codes lists every code with its status.',
     },
@@ -159,6 +160,8 @@ function buildDocument() {
       schemas: {
         Problem: jsonSchema(problemSchema),
         Health: jsonSchema(healthSchema),
+        Liveness: jsonSchema(livenessSchema),
+        Readiness: jsonSchema(readinessSchema),
         AuditPage: jsonSchema(auditPageSchema),
         EntityState: jsonSchema(entityStateSchema),
         KeyState: jsonSchema(keyStateSchema),
@@ -188,6 +191,8 @@ function buildDocument() {
 function readPaths() {
   const tenantQuery = queryParameters(tenantQuerySchema)
   return {
+    '/livez': { get: { summary: 'Whether the process serves (never fails because the store is down)', security: [], responses: { 200: json('Liveness', 'The process serves HTTP') } } },
+    '/readyz': { get: { summary: 'Whether to send this gateway traffic', security: [], responses: { 200: json('Readiness', 'Ready'), 503: json('Readiness', 'Not ready: draining, store, migrations, rules or refusing') } } },
     '/health': { get: { summary: 'Whether the store answers', security: [], responses: { 200: json('Health', 'The store is up and commands are served'), 503: json('Health', 'The store is down, or every command is refused for what it can lose') } } },
     '/audit': {
       get: {

@@ -52,7 +52,7 @@ export async function runBump(flags: Flags, entity: string): Promise<number> {
   return 0
 }
 
-/** Reads a rules file: `routes:` and `entity_rules:` as in the configuration file, with `${VAR}` expansion. */
+/** Reads a rules file: `routes:` and `entity_rules:` as in the configuration file, with `${VAR}` and `${file:…}` expansion. */
 export function readRulesFile(path: string, env: Record<string, string | undefined>): RawRule[] {
   let text: string
   try {
@@ -62,7 +62,7 @@ export function readRulesFile(path: string, env: Record<string, string | undefin
   }
   let doc: unknown
   try {
-    doc = readExpandedYaml(text, env, path)
+    doc = readExpandedYaml(text, env, path, (file) => readFileSync(file, 'utf8'))
   } catch (err) {
     if (err instanceof ConfigError) throw new UsageError(err.problems.join('\n'))
     throw err

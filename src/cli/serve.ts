@@ -2,7 +2,9 @@ import cluster from 'node:cluster'
 import { loadConfigFile } from '../config/load.js'
 import { ConfigError, type Config } from '../config/schema.js'
 import { clusterWorker } from '../runtime/node/cluster-worker.js'
-import { databaseUrlFor, startGateway } from '../runtime/node/gateway.js'
+import { databaseUrlFor, startGateway, type RunningGateway } from '../runtime/node/gateway.js'
+import { drainDelay } from '../runtime/node/drain.js'
+import type { Logger } from '../observe/log.js'
 import { superviseWorkers } from '../runtime/node/supervisor.js'
 import { loadUpstreamTls } from '../runtime/node/upstream-tls.js'
 import { workerCount, workerPool } from '../runtime/node/workers.js'
@@ -30,14 +32,14 @@ export async function runServe(flags: Flags): Promise<number> {
   // The handlers go in before the gateway starts: a SIGTERM sent as soon as it logs
   // `listening` (an orchestrator, a test) must drain it, not kill it, and one sent while it
   // starts stops it as soon as it is up.
-  let shutdown = () => {}
-  const stopRequested = new Promise<void>((resolve) => {
-    shutdown = () => {
+  let shutdown: (signal?: NodeJS.Signals) => void = () => {}
+  const stopRequested = new Promise<NodeJS.Signals | undefined>((resolve) => {
+    shutdown = (signal) => {
       process.off('SIGINT', shutdown)
       process.off('SIGTERM', shutdown)
       // A worker hears the terminal's SIGINT and the supervisor's SIGTERM: the second must not kill its drain.
       if (worker) process.on('SIGINT', () => {}).on('SIGTERM', () => {})
-      resolve()
+      resolve(signal)
     }
   })
   process.on('SIGINT', shutdown)
@@ -62,15 +64,27 @@ export async function runServe(flags: Flags): Promise<number> {
   }
   worker?.ready()
   reload = () => void gateway.reloadUpstreamTls()
-  await stopRequested
+  const signal = await stopRequested
   process.off('SIGHUP', onHangup)
-  await gateway.close()
+  await drainThenClose(gateway, signal === 'SIGTERM' ? config.server.drain_delay : 0, log)
   // Everything fencegate opened is closed now. postgres.js 3.4.9 can still open one more
   // socket: a LISTEN connection that was waiting to reconnect when the store closed does so
   // afterwards, and that socket would keep the process alive. The timer is unref'd, so a
   // clean exit is not delayed by it.
   setTimeout(() => process.exit(0), 1000).unref()
   return 0
+}
+
+/**
+ * SIGTERM (an orchestrator's stop: Kubernetes, Docker, systemd) fails readiness at once and keeps
+ * serving for `server.drain_delay` before the drain; SIGINT (an operator at a terminal) and a
+ * lost supervisor drain at once (docs/deployment.md#rolling-update).
+ */
+async function drainThenClose(gateway: RunningGateway, delayMs: number, log: Logger): Promise<void> {
+  gateway.beginDrain()
+  log.info('draining', { drain_delay_ms: delayMs })
+  if (delayMs > 0) await drainDelay(delayMs)
+  await gateway.close()
 }
 
 /** `--workers N` or `--workers auto` (overrides server.workers). */
@@ -94,5 +108,6 @@ async function supervise(config: Config, workers: number, databaseUrl: string | 
   const log = createPinoLogger(config.log.level)
   installProcessPolicy(log)
   log.info('supervising', { workers })
-  return superviseWorkers({ count: workers, log, graceMs: 10_000 })
+  // Each worker keeps serving for drain_delay after SIGTERM, then drains for up to 10 s.
+  return superviseWorkers({ count: workers, log, graceMs: config.server.drain_delay + 10_000 })
 }

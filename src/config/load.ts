@@ -5,7 +5,7 @@ import { loadConfigText } from './text.js'
 export { loadConfigText } from './text.js'
 
 /**
- * Reads, expands and validates a YAML configuration file. Any problem throws a
+ * Reads, expands (`${VAR}`, `${file:/path}`) and validates a YAML configuration file. Any problem throws a
  * ConfigError naming the file and each bad field: fencegate never starts on a
  * configuration it had to guess about.
  *
@@ -19,5 +19,6 @@ export function loadConfigFile(path: string, env: Record<string, string | undefi
   } catch (err) {
     throw new ConfigError([`${path}: cannot read (${(err as NodeJS.ErrnoException).code ?? 'error'})`])
   }
-  return loadConfigText(text, env, path)
+  // `${file:…}` is read here, at start, like the file itself (src/config/expand.ts).
+  return loadConfigText(text, env, path, (file) => readFileSync(file, 'utf8'))
 }

@@ -53,10 +53,19 @@ export const configSchema = z.object({
     request_timeout: duration.pipe(z.number().min(100, 'must be at least 100ms').max(3_600_000, 'must be at most 1h')).default(60_000),
     max_connections: integer(1, 1_000_000).default(1024),
     max_connections_per_peer: integer(1, 1_000_000).default(256),
+    // After SIGTERM, how long /readyz fails while both planes keep serving, before the drain
+    // stops accepting: the time load balancers take to stop sending (docs/deployment.md).
+    drain_delay: duration.pipe(z.number().max(300_000, 'must be at most 5m')).default(5_000),
   }).strict().superRefine(checkServerLimits).prefault({}),
   auth: authSchema.prefault({}),
   store: z.object({
     url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
+      z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
+    ),
+    // A direct (or session-mode) connection for LISTEN only, beside a store.url through a
+    // transaction pooler that cannot carry one: rule changes and job wake-ups then arrive by
+    // notification (docs/deployment.md#pgbouncer). Checked by connecting at start.
+    listen_url: z.string().optional().transform((u) => (u === '' ? undefined : u)).pipe(
       z.string().regex(/^postgres(ql)?:\/\//, 'expected a postgres:// URL').optional(),
     ),
     data_dir: z.string().min(1).default('.fencegate'),

@@ -1,17 +1,17 @@
 import { parse } from 'yaml'
-import { ExpansionError, prepareExpansion } from './expand.js'
+import { ExpansionError, prepareExpansion, type ReadTextFile } from './expand.js'
 import { ConfigError, parseConfig, type Config } from './schema.js'
 
 /**
- * Parses YAML (or JSON) text with `${VAR}` expansion, as configuration and
+ * Parses YAML (or JSON) text with `${VAR}` (and, given `readFile`, `${file:…}`) expansion, as configuration and
  * rules files are read. Problems throw a ConfigError naming `source`. No
  * `node:*` import, so the Workers entry reads its binding with it too.
  *
  * @example
  * readExpandedYaml('routes: []\nport: ${PORT:-8080}', process.env, 'fencegate.yaml')
  */
-export function readExpandedYaml(text: string, env: Record<string, string | undefined>, source: string): unknown {
-  const expansion = prepareExpansion(text, env)
+export function readExpandedYaml(text: string, env: Record<string, string | undefined>, source: string, readFile?: ReadTextFile): unknown {
+  const expansion = prepareExpansion(text, env, readFile)
   let raw: unknown
   try {
     raw = parse(expansion.text, { prettyErrors: true })
@@ -26,9 +26,15 @@ export function readExpandedYaml(text: string, env: Record<string, string | unde
   }
 }
 
-/** Expands and validates configuration text; `source` names it in errors. */
-export function loadConfigText(text: string, env: Record<string, string | undefined>, source = 'config'): Config {
-  const raw = readExpandedYaml(text, env, source)
+/**
+ * Expands and validates configuration text; `source` names it in errors. `readFile` resolves
+ * `${file:…}` (src/config/expand.ts); without it such a reference is an error naming its field.
+ *
+ * @example
+ * loadConfigText(text, process.env, 'fencegate.yaml', (p) => readFileSync(p, 'utf8'))
+ */
+export function loadConfigText(text: string, env: Record<string, string | undefined>, source = 'config', readFile?: ReadTextFile): Config {
+  const raw = readExpandedYaml(text, env, source, readFile)
   try {
     return parseConfig(raw)
   } catch (err) {

@@ -103,22 +103,32 @@ export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistr
     validate,
     async change(c) {
       const result = await changeRule(db, { ...c, validate })
-      if (result.changed) await rules.reload()
+      if (result.changed) await rules.reload('change')
       return result
     },
-    refresh: () => rules.reload(),
+    refresh: () => rules.reload('refresh'),
     close: stopFollowing,
   }
 }
+
+/**
+ * What made a rule set load, as its `rules_loaded` line says: a change on this instance, a
+ * NOTIFY, a re-listen after the LISTEN connection dropped, the periodic version check (what
+ * a gateway without a working LISTEN relies on, docs/deployment.md#pgbouncer), or `refresh`.
+ */
+export type ReloadCause = 'change' | 'notification' | 'reconnect' | 'version_check' | 'refresh'
 
 /** The rule set in use and its reloads: one at a time; a request for another while one runs re-reads once more afterwards. */
 class RuleReloads {
   private running: Promise<void> | undefined
   private again = false
+  /** The cause of the latest request, which the load that serves it reports. */
+  private cause: ReloadCause = 'refresh'
 
   constructor(public set: RuleSet, private readonly load: () => Promise<RuleSet>, private readonly log: Logger) {}
 
-  reload(): Promise<void> {
+  reload(cause: ReloadCause): Promise<void> {
+    this.cause = cause
     if (this.running) {
       this.again = true
       return this.running
@@ -130,7 +140,7 @@ class RuleReloads {
           const next = await this.load()
           if (next.version > this.set.version) {
             this.set = next
-            this.log.info('rules_loaded', { rule_version: this.set.version })
+            this.log.info('rules_loaded', { rule_version: this.set.version, via: this.cause })
           }
         } catch (err) {
           this.log.error('rules_reload_failed', { rule_version: this.set.version, store_code: storeCode(err), error: (err as Error)?.name ?? typeof err })
@@ -149,14 +159,14 @@ async function followRuleChanges(db: Db, rules: RuleReloads, log: Logger, checkE
   // A reconnected listener may have missed notifications: re-read once.
   const unlisten = db.listen
     ? await db.listen(rulesChannel, (payload) => {
-      if (Number(payload) > rules.set.version) void rules.reload()
-    }, () => void rules.reload()).catch((err: unknown) => {
+      if (Number(payload) > rules.set.version) void rules.reload('notification')
+    }, () => void rules.reload('reconnect')).catch((err: unknown) => {
       log.warn('rules_listen_failed', { store_code: storeCode(err) })
       return undefined
     })
     : undefined
   const timer = setInterval(() => {
-    readRulesVersion(db).then((v) => (v > rules.set.version ? rules.reload() : undefined)).catch(() => {})
+    readRulesVersion(db).then((v) => (v > rules.set.version ? rules.reload('version_check') : undefined)).catch(() => {})
   }, checkEveryMs)
   ;(timer as { unref?: () => void }).unref?.()
   return async () => {

@@ -53,3 +53,20 @@ export function migrationFromFile(fileName: string, sql: string): Migration {
   if (!m) throw new MigrationError(`migration file ${fileName} must be named NNNN_name.sql`)
   return { id: Number(m[1]), name: m[2]!, sql }
 }
+
+/**
+ * The highest migration applied to the database, in one statement (readiness asks it on every
+ * probe). Rejects when the store cannot be reached, or has no fencegate schema yet.
+ *
+ * @example
+ * const atHead = (await appliedMigration(db)) >= latestMigration(loadMigrations())
+ */
+export async function appliedMigration(db: Pick<Db, 'sql'>): Promise<number> {
+  const [row] = await db.sql<{ current: number }>`SELECT coalesce(max(id), 0)::int AS current FROM fg_migrations`
+  return row!.current
+}
+
+/** The newest migration of a set: the schema a gateway built with it needs. */
+export function latestMigration(migrations: Migration[]): number {
+  return migrations.reduce((max, m) => Math.max(max, m.id), 0)
+}

@@ -19,6 +19,14 @@ export interface PostgresOptions {
    * no pipelining (requests hung there when statements queued on one connection, test/pgbouncer.test.ts).
    */
   pooler?: 'none' | 'transaction'
+  /**
+   * Where LISTEN connects (`store.listen_url`): a direct or session-mode connection beside a
+   * URL through a transaction pooler. Without it, LISTEN uses the pool's URL, except behind a
+   * transaction pooler, where there is none: PgBouncer hands the LISTEN's server connection to
+   * other clients, and notifications sent to it are dropped, so waiting claims and the rules
+   * fall back to polling (`listen` is then undefined, and says so).
+   */
+  listenUrl?: string
 }
 
 /**
@@ -76,6 +84,8 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   let client = open(gated)
   // LISTEN gets a client of its own, never retired nor held: postgres.js re-listens after a drop.
   let listener: postgres.Sql | undefined
+  const listenClient = () => (options.listenUrl ? listenOnly(options.listenUrl, connectTimeoutMs) : open(false))
+  const listens = options.listenUrl !== undefined || options.pooler !== 'transaction'
   const draining = new Set<Promise<void>>()
   // A failure that lost its connection retires the client it ran on, once.
   // So does a write refused by a read-only node (a standby, an old primary): the hosts are asked again.
@@ -90,10 +100,36 @@ export function connectPostgres(url: string, options: PostgresOptions = {}): Db 
   return {
     ...db,
     // LISTEN follows the primary too: after a failover a standby's notifications never come.
-    listen: (channel, onNotify, onReconnect) => listenOn((listener ??= open(false)), channel, onNotify, onReconnect),
+    ...(listens ? { listen: (channel: string, onNotify: (payload: string) => void, onReconnect?: () => void) => listenOn((listener ??= listenClient()), channel, onNotify, onReconnect) } : {}),
     async close() {
       await Promise.all([client.end({ timeout: 5 }), listener?.end({ timeout: 5 }), ...draining])
     },
+  }
+}
+
+/** The client of `store.listen_url`: LISTEN only, so one connection, reconnecting as the pool's do. */
+function listenOnly(url: string, connectTimeoutMs: number): postgres.Sql {
+  return postgres(url, {
+    max: 1, connect_timeout: connectTimeoutMs / 1000, fetch_types: false, onnotice: () => {},
+    backoff: reconnectDelaySeconds, connection: { application_name: 'fencegate' },
+  })
+}
+
+/**
+ * Connects to `url` once and runs `SELECT 1`: how `store.listen_url` is checked at start, so a
+ * wrong one fails the start rather than leave rule changes and wake-ups to the fallback polls.
+ *
+ * @example
+ * await checkConnects('postgres://postgres@db:5432/fencegate', 1000)
+ */
+export async function checkConnects(url: string, connectTimeoutMs: number): Promise<void> {
+  const probe = listenOnly(url, connectTimeoutMs)
+  try {
+    await probe`SELECT 1`
+  } catch (err) {
+    throw toStoreError(err)
+  } finally {
+    await probe.end({ timeout: 1 }).catch(() => {})
   }
 }
 

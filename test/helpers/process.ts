@@ -25,10 +25,16 @@ export function tempDir(prefix: string): string {
   return dir
 }
 
+/**
+ * Writes a configuration file for a gateway process. `server.drain_delay` is 0 unless the
+ * config sets it: a test that stops its gateways with SIGTERM is not about the drain, and
+ * would otherwise wait the 5 s default for load balancers it does not have.
+ */
 export function writeConfig(config: Record<string, unknown>): string {
   const dir = tempDir('fencegate-test-')
   const file = join(dir, 'fencegate.yaml')
-  writeFileSync(file, stringify(config))
+  const server = { drain_delay: 0, ...(config.server as Record<string, unknown> | undefined) }
+  writeFileSync(file, stringify({ ...config, server }))
   return file
 }
 

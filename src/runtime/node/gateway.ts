@@ -1,14 +1,17 @@
 import { getRequestListener } from '@hono/node-server'
 import type { RequestListener, Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { createAdminApp } from '../../admin/app.js'
 import { createDataPlane, type HandleCommand } from '../../gateway/app.js'
 import { ConfigError, type Config } from '../../config/schema.js'
 import { browserGuard } from '../../http/browser-guard.js'
 import { createJobStore, type JobStore } from '../../leases/store.js'
+import { createClaimWake } from '../../leases/wake.js'
 import { nodeDataPlane } from './data-plane.js'
 import type { Lingering } from './linger.js'
-import { listen } from './server.js'
+import { listen, stop, urlOf } from './server.js'
+import { createDrain, type Drain } from './drain.js'
+import { readinessOf } from './readiness.js'
+import { storeOptions } from './store-options.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -65,6 +68,11 @@ export interface RunningGateway {
    * old ones stay in use, and the problems are logged as `upstream_tls_reload_failed`.
    */
   reloadUpstreamTls(): boolean
+  /**
+   * Starts the drain (src/runtime/node/drain.ts): `/readyz` answers `503 draining` from now on,
+   * and every answer closes its connection, while both planes keep serving until `close`.
+   */
+  beginDrain(): void
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes pools and the store. */
   close(graceMs?: number): Promise<void>
 }
@@ -99,7 +107,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
   const upstream = createUndiciForward({ tls: keys.upstreamTls })
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(opened.db, { schedule: setImmediate, durability: opened.durability }), opened.metrics)
-  const parts: GatewayParts = { ...opened, config, log, cluster, upstream, jobs }
+  const parts: GatewayParts = { ...opened, config, log, cluster, upstream, jobs, drain: createDrain() }
   const { data, adminServer } = await listenPlanes(parts, createPlanes(parts, keys, options.tracing))
   const purge = startPurge(parts)
   const dataUrl = urlOf(data, config.server.host)
@@ -111,6 +119,7 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
     adminUrl,
     store: opened.store,
     reloadUpstreamTls: () => reloadUpstreamTls(parts),
+    beginDrain: () => parts.drain.begin(),
     async close(graceMs = 10_000) {
       clearInterval(purge)
       opened.durability.close()
@@ -138,13 +147,14 @@ interface GatewayParts extends OpenedStore {
   cluster: ClusterWorker | undefined
   upstream: UndiciForward
   jobs: JobStore
+  drain: Drain
 }
 
 async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<OpenedStore> {
   const { cluster, config } = options
   // The workers share store.max_connections (src/runtime/node/workers.ts).
   const max = cluster ? workerPool(config.store.max_connections, cluster.workers) : config.store.max_connections
-  const db = await openDb(options.databaseUrl, config.store.data_dir, { connectTimeoutMs: config.store.connect_timeout, pooler: config.store.pooler, max })
+  const db = await openDb(options.databaseUrl, config.store.data_dir, await storeOptions(config, options.databaseUrl, max))
   const durability = await storeDurability(db, config, log, cluster?.peers)
   cluster?.answerAcknowledged(() => durability.acknowledged())
   const metrics = createPromMetrics({
@@ -178,8 +188,11 @@ function createPlanes(parts: GatewayParts, keys: KeyMaterial, nodeTracing: NodeT
   const adminGuard = open ? { browserGuard: browserGuard(config.server.admin_host, config.server.allowed_hosts) } : {}
   // Duplicates' polls are budgeted from this process's own pool.
   const waits = outcomeWaits(store, { maxKeys: keysPolledAtOnce(parts.max) })
-  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: parts.upstream.forward, authenticate, jobs: parts.jobs, log: parts.log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(keys.attest ? { attest: keys.attest } : {}), ...dataGuard })
-  const admin = createAdminApp({ store, durability: parts.durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing })
+  // The process's one wake for waiting claims, its counters on /metrics (notification or poll).
+  const claimWake = createClaimWake({ listen: parts.jobs.listenForWork, log: parts.log, maxWaitingPerTenant: config.job_waiting_claims })
+  metrics.watchClaimWake(() => claimWake.stats())
+  const plane = createDataPlane({ config, store, outcomeWaits: waits, forward: parts.upstream.forward, authenticate, jobs: parts.jobs, claimWake, log: parts.log, rules, digest: nodeSha256Hex, metrics, tracing, storeSystem: db.kind === 'postgres' ? 'postgresql' : 'pglite', ...(keys.attest ? { attest: keys.attest } : {}), ...dataGuard })
+  const admin = createAdminApp({ store, durability: parts.durability, ...adminGuard, ...(cluster ? { workers: () => cluster.liveWorkers() } : {}), authenticate, rules: { registry: rules, db }, db, metrics, exposition: metrics, tracing, readiness: readinessOf(parts) })
   return { plane, admin }
 }
 
@@ -190,8 +203,9 @@ async function listenPlanes(parts: GatewayParts, planes: ReturnType<typeof creat
   try {
     // Commands are served by Node's own server; the job API by Hono, as the admin plane is.
     const linger = { timeMs: config.server.lingering_time, timeoutMs: config.server.lingering_timeout }
-    data = await listen(dataPlaneListener(planes.plane, parts.log, linger), config.server.host, config.server.port, config.server)
-    const adminServer = await listen(honoListener(planes.admin.fetch), config.server.admin_host, config.server.admin_port, config.server)
+    const { drain } = parts
+    data = await listen(drain.closing(dataPlaneListener(planes.plane, parts.log, linger)), config.server.host, config.server.port, config.server)
+    const adminServer = await listen(drain.closing(honoListener(planes.admin.fetch)), config.server.admin_host, config.server.admin_port, config.server)
     return { data, adminServer }
   } catch (err) {
     data?.close()
@@ -280,22 +294,4 @@ export function dataPlaneListener(plane: { handle: HandleCommand }, log: Logger,
 /** A Hono app's fetch as a Node request listener, with the raw-target guard. */
 export function honoListener(fetch: HonoFetch): RequestListener {
   return guardTargets(getRequestListener(fetch as never))
-}
-
-function urlOf(server: Server, host: string): string {
-  const { port } = server.address() as AddressInfo
-  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
-}
-
-function stop(server: Server, graceMs: number): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => {
-      if ('closeAllConnections' in server) server.closeAllConnections()
-    }, graceMs)
-    server.close(() => {
-      clearTimeout(timer)
-      resolve()
-    })
-    if ('closeIdleConnections' in server) server.closeIdleConnections()
-  })
 }

@@ -1,5 +1,6 @@
 import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client'
 import type { Metrics, MetricsExposition, StoreGauges } from '../../observe/metrics.js'
+import type { WakeStats } from '../../leases/wake.js'
 
 /** Seconds; from a fast local statement to an upstream near its timeout. */
 const latencyBuckets = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
@@ -9,6 +10,12 @@ const leaseBuckets = [0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 120, 300, 600]
 export interface PromMetrics extends Metrics, MetricsExposition {
   /** The registry behind it (its own, never prom-client's global one). */
   readonly registry: Registry
+  /**
+   * Reports the waiting claims' wake-ups at scrape time (src/leases/wake.ts):
+   * `fencegate_job_claim_wakes{reason}` (`notified` by a NOTIFY, `fallback_poll` by the shared
+   * tick, `reconnected`) and `fencegate_job_listen_active` and `fencegate_job_claims_waiting`, this process's own.
+   */
+  watchClaimWake(stats: () => WakeStats): void
 }
 
 export interface PromMetricsOptions {
@@ -69,7 +76,24 @@ export function createPromMetrics(options: PromMetricsOptions = {}): PromMetrics
     ...leaseMetrics(registers),
     adminRequest: (e) => adminRequests.inc({ endpoint: e.endpoint, status: String(e.status) }),
     rowsPurged: (e) => purged.inc({ table: e.table }, e.rows),
+    watchClaimWake: (stats) => watchClaimWake(locals, stats),
   }
+}
+
+/** The wake's counters, read at scrape time: how waiting claims learn of work, notification or poll. */
+function watchClaimWake(registers: Registers, stats: () => WakeStats): void {
+  new Gauge({ name: 'fencegate_job_claim_wakes', help: 'Wake-ups of waiting claims since start, by reason (notified: a NOTIFY; fallback_poll: a shared poll on the tick; reconnected: the LISTEN came back)', labelNames: ['reason'], registers, collect() {
+    const s = stats()
+    this.set({ reason: 'notified' }, s.notified)
+    this.set({ reason: 'fallback_poll' }, s.ticks)
+    this.set({ reason: 'reconnected' }, s.reconnects)
+  } })
+  new Gauge({ name: 'fencegate_job_claims_waiting', help: 'Claims with wait blocked in this process now, until a wake-up', registers, collect() {
+    this.set(stats().waiting)
+  } })
+  new Gauge({ name: 'fencegate_job_listen_active', help: '1 while this process LISTENs for job wake-ups (0 behind a transaction pooler without store.listen_url, or before the first waiting claim)', registers, collect() {
+    this.set(stats().listening ? 1 : 0)
+  } })
 }
 
 type Registers = Registry[]

@@ -1,5 +1,5 @@
 import { createServer, type RequestListener, type Server } from 'node:http'
-import type { Socket } from 'node:net'
+import type { AddressInfo, Socket } from 'node:net'
 import type { Config } from '../../config/schema.js'
 
 /** What a plane's node:http server is bounded by: `server.*` of the configuration. */
@@ -58,5 +58,28 @@ export function listen(listener: RequestListener, hostname: string, port: number
     capPerPeer(server, limits.max_connections_per_peer)
     server.once('error', reject)
     server.listen(port, hostname, () => resolve(server))
+  })
+}
+
+/** The URL a listening server is reached at, by the host it was asked to listen on. */
+export function urlOf(server: Server, host: string): string {
+  const { port } = server.address() as AddressInfo
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`
+}
+
+/**
+ * Stops accepting, closes idle connections, and waits up to `graceMs` for in-flight requests
+ * before cutting what is left.
+ */
+export function stop(server: Server, graceMs: number): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      if ('closeAllConnections' in server) server.closeAllConnections()
+    }, graceMs)
+    server.close(() => {
+      clearTimeout(timer)
+      resolve()
+    })
+    if ('closeIdleConnections' in server) server.closeIdleConnections()
   })
 }

@@ -39,7 +39,7 @@ export const ackedAnswerMs = 2000
 export interface SupervisorOptions {
   count: number
   log: Logger
-  /** How long the workers may drain after SIGTERM before they are killed (the gateway's grace, 10 s). */
+  /** How long the workers may drain after SIGTERM before they are killed (`server.drain_delay` and the gateway's grace, 10 s). */
   graceMs: number
 }
 
@@ -75,7 +75,8 @@ function answerMetrics(aggregator: AggregatorRegistry<RegistryContentType>, work
  */
 export function superviseWorkers(o: SupervisorOptions): Promise<number> {
   const supervisor = new Supervisor(o)
-  const onSignal = () => void supervisor.stop(0)
+  // The workers get the signal the supervisor got: SIGTERM keeps them serving for server.drain_delay first, SIGINT does not.
+  const onSignal = (signal: NodeJS.Signals) => void supervisor.stop(0, signal)
   process.on('SIGTERM', onSignal).on('SIGINT', onSignal)
   // Each worker reads its upstream_tls files again on its own SIGHUP.
   process.on('SIGHUP', () => supervisor.signalAll('SIGHUP'))
@@ -119,12 +120,12 @@ class Supervisor {
     for (const s of this.slots.values()) if (!s.worker.isDead()) s.worker.process.kill(signal)
   }
 
-  async stop(code: number): Promise<void> {
+  async stop(code: number, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
     if (this.stopping) return
     this.stopping = true
     this.exitCode = code
     this.onStop()
-    this.signalAll('SIGTERM')
+    this.signalAll(signal)
     const killer = setTimeout(() => this.signalAll('SIGKILL'), this.o.graceMs + 2000)
     if (this.allDead()) this.resolveExit(code)
     await this.exited
