@@ -49,7 +49,8 @@ export function bodyWithKey(key: string): string {
 
 /** The headers every request of the traffic carries; an MCP call's are its protocol's, its fence is in the body. */
 export function baseHeaders(t: Pick<Traffic, 'key' | 'fence'>): Record<string, string> {
-  if (t.key !== 'meta') return { 'content-type': 'application/json', 'x-execution-fence': t.fence }
+  // Spelled as the wrk script's per-request headers are (`X-Execution-Fence` when a case raises), so Lua sets one entry, not two.
+  if (t.key !== 'meta') return { 'Content-Type': 'application/json', 'X-Execution-Fence': t.fence }
   return {
     'content-type': 'application/json', accept: 'application/json, text/event-stream',
     'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': mcpTool,
