@@ -14,6 +14,8 @@ export interface Case {
   hand: CaseName
   /** The case whose p99 bounds this one's (fencegate cases only): at most twice it. */
   p99Of?: CaseName
+  /** The system the proxy forwards to when it is not the bench's upstream (the MCP server): its CPU is the run's upstream CPU. */
+  upstream?: SystemName
   /** For a case on the multi-worker gateway: the same case on the one-worker gateway. */
   single?: CaseName
   /** For a case on the tracing gateway (`--traces`): the same case on the gateway that does not trace. */
@@ -46,6 +48,12 @@ export const cases: readonly Case[] = [
   // it shows what the history costs.
   { name: 'fg-raise', label: 'fencegate fenced, a raise on every request (fence history)', system: 'gateway', traffic: { path: '/payments/r{id}/capture', entity: 'spread', key: 'none', raise: true }, hand: 'hand-fence', p99Of: 'hand-fence' },
   { name: 'fg-replay', label: 'fencegate replay (no upstream call)', system: 'gateway', traffic: { path: once, entity: 'spread', key: 'replay' }, hand: 'hand-fence', p99Of: 'hand-fence' },
+  // Issue 42: an agent's `tools/call` (JSON-RPC, fence and a new key in `_meta`) straight to an
+  // MCP server built with the official SDK, and the same calls through fencegate's MCP route,
+  // whose rule fences invoice:<id> (the entities fg-key uses, seeded the same way) and requires
+  // the key. In mcp-direct the MCP server is what answers, so its CPU is the proxy column.
+  { name: 'mcp-direct', label: 'MCP server (official 2.x SDK, JSON answers) straight, its own CPU', system: 'mcp', traffic: { path: '/mcp', entity: 'spread', key: 'meta' }, hand: 'hand-key' },
+  { name: 'fg-mcp', label: 'fencegate MCP route: fenced `tools/call`, new key in `_meta`', system: 'gateway', upstream: 'mcp', traffic: { path: '/mcp', entity: 'spread', key: 'meta' }, hand: 'hand-key', p99Of: 'mcp-direct', seedPath: pay },
 ]
 
 export const caseNamed = (name: CaseName): Case => cases.find((c) => c.name === name)!

@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import autocannon from 'autocannon'
 import { cpuSeconds } from './procs.js'
-import { requestBody, requests, wrkScript, type Traffic } from './traffic.js'
+import { baseHeaders, requestBody, requests, wrkScript, type Traffic } from './traffic.js'
 
 export interface LoadResult {
   requests: number
@@ -109,7 +109,7 @@ function runAutocannon(spec: LoadSpec): Promise<LoadResult> {
       duration: spec.seconds,
       timeout: 10,
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-execution-fence': spec.traffic.fence },
+      headers: baseHeaders(spec.traffic),
       body: requestBody,
       requests: [{
         setupRequest: (request) => {

@@ -168,7 +168,7 @@ async function main(argv: string[]): Promise<number> {
   try {
     store = await prepareStore(options.databaseUrl)
     const wanted = withTraces(withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers), options.traces)
-    systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.map((c) => c.system)))
+    systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.flatMap((c) => [c.system, ...(c.upstream ? [c.upstream] : [])])))
     const selected = wanted.filter((c) => systems!.running[c.system])
     const traffic = trafficFactory(options)
     const spec: RunSpec = { kind, connections: options.connections, seconds: options.duration, dir, signal: controller.signal }

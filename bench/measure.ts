@@ -40,7 +40,8 @@ export async function measure(c: Case, round: number, systems: Systems, store: B
   const target = systems.running[c.system]!
   const pids = await store.pids()
   // The proxy is a process tree: the gateway with --workers is a supervisor and its workers.
-  const read = () => ({ proxy: treeCpuSeconds(target.child.pid), upstream: cpuSeconds(systems.upstream.pid), pg: postgresCpu(pids), pgAll: postgresCpu(), machine: machineCpu() })
+  const upstreamPid = (c.upstream ? systems.running[c.upstream]!.child : systems.upstream).pid
+  const read = () => ({ proxy: treeCpuSeconds(target.child.pid), upstream: cpuSeconds(upstreamPid), pg: postgresCpu(pids), pgAll: postgresCpu(), machine: machineCpu() })
   const before = read()
   const load = await runLoad(spec.kind, { url: target.url, connections: spec.connections, seconds: spec.seconds, traffic, dir: spec.dir, signal: spec.signal })
   const after = read()

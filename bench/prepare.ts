@@ -1,8 +1,7 @@
 import { Pool } from 'undici'
 import type { Case } from './cases.js'
-import { pooled, requestBody, requests, type Outgoing, type Traffic } from './traffic.js'
+import { baseHeaders, pooled, requestBody, requests, type Outgoing, type Traffic } from './traffic.js'
 
-const headersOf = (t: Traffic) => ({ 'content-type': 'application/json', 'x-execution-fence': t.fence })
 
 /** Sends each key of the replay pool once, so that each is completed; what came back is the report line. */
 export async function completeKeys(url: string, t: Traffic, connections: number, signal: AbortSignal): Promise<string> {
@@ -34,7 +33,7 @@ async function sendEach(url: string, t: Traffic, count: number, make: (i: number
     while (next < count && !signal.aborted) {
       const o = make(next++)
       try {
-        const res = await pool.request({ path: o.path, method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: o.body ?? requestBody })
+        const res = await pool.request({ path: o.path, method: 'POST', headers: { ...baseHeaders(t), ...o.headers }, body: o.body ?? requestBody })
         await res.body.arrayBuffer()
         statuses[res.statusCode] = (statuses[res.statusCode] ?? 0) + 1
       } catch {
@@ -59,9 +58,11 @@ const seconds = (since: number) => ((performance.now() - since) / 1000).toFixed(
  */
 export async function probeCase(c: Case, url: string, t: Traffic): Promise<string | undefined> {
   const o = requests(t)()
-  const res = await fetch(new URL(o.path, url), { method: 'POST', headers: { ...headersOf(t), ...o.headers }, body: o.body ?? requestBody, signal: AbortSignal.timeout(10_000) })
+  const res = await fetch(new URL(o.path, url), { method: 'POST', headers: { ...baseHeaders(t), ...o.headers }, body: o.body ?? requestBody, signal: AbortSignal.timeout(10_000) })
   const text = await res.text()
   if (res.status < 200 || res.status > 299) return `a probe request got ${res.status}: ${text.slice(0, 200)}`
+  // An MCP refusal is a 200 too, which wrk counts as a success: the probe reads the JSON-RPC answer.
+  if (t.key === 'meta' && !/^\{"result":/.test(text)) return `an MCP probe call was not answered with a result: ${text.slice(0, 200)}`
   const replayed = res.headers.get('idempotent-replayed') === 'true'
   if (t.key === 'replay' && !replayed) return 'a replay probe was not answered as a replay (no idempotent-replayed: true)'
   if (t.key !== 'replay' && replayed) return `a ${c.name} probe was answered as a replay`

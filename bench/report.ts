@@ -121,6 +121,8 @@ export function targets(results: Results, ran: readonly Case[], peakRssKiB: numb
   // Issue 28: a raise on every command (its history row included) as cheap as the hand-rolled fence.
   atLeast('fg-raise req/s >= 90% of hand-fence', 'fg-raise', 'hand-fence', 0.9)
   cpuAtMost('fg-raise PostgreSQL CPU/req <= 1.3x hand-fence\'s', 'fg-raise', 'hand-fence', postgresUs, 1.3)
+  // Issue 42: a fenced, keyed MCP tools/call costs the gateway within 1.3x of a REST command with a key.
+  cpuAtMost('fg-mcp gateway CPU/call <= 1.3x fg-key\'s', 'fg-mcp', 'fg-key', proxyUs, 1.3)
   atLeast('fg-replay req/s >= 80% of bare-node', 'fg-replay', 'bare-node', 0.8)
   cpuAtMost('fg-replay PostgreSQL CPU/req <= hand-fence\'s', 'fg-replay', 'hand-fence', postgresUs, 1)
   // Issue 28: on this 2-core machine, two workers serve 1.25x one worker's fg-spread at no

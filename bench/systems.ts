@@ -8,8 +8,9 @@ import { findNginx, nginxVersion, startNginxProxy, startNginxUpstream } from './
 import type { BenchOptions } from './run-options.js'
 import { freePort, isHealthy, listeningPort, startChild, startProcess, stopChild, waitUntil, type Child } from './procs.js'
 import type { BenchStore } from './fresh-db.js'
+import { mcpTool } from './traffic.js'
 
-export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers' | 'gateway-traces'
+export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers' | 'gateway-traces' | 'mcp'
 
 export interface Systems {
   upstream: Child
@@ -53,7 +54,7 @@ export async function sinkStats(sinkUrl: string): Promise<{ requests: number; by
 export const startSink = () => nodeServer('otlp-sink', './otlp-sink.js', [])
 
 /** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
-export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number, workers = 1): string {
+export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number, workers = 1, mcpUpstream = upstream): string {
   const route = { method: 'POST', upstream, timeout_ms: 10_000 }
   const entity = 'invoice:{params.invoice_id}'
   return JSON.stringify({
@@ -65,15 +66,17 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
       { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
       { ...route, name: 'capture-once', path: '/idempotent/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required' },
       { ...route, name: 'capture-body-key', path: '/bodykey/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required', idempotency_key: '{body.idempotency_key}' },
+      // fg-mcp: the MCP server's endpoint, its one side-effecting tool fenced per invoice and keyed.
+      { ...route, name: 'payments-mcp', path: '/mcp', upstream: mcpUpstream, fence: 'off', mcp: [{ tool: mcpTool, entity: 'invoice:{body.params.arguments.invoice_id}', fence: 'required', idempotency: 'required' }] },
     ],
   }, null, 2)
 }
 
 /** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
-export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}, workers = 1): Promise<{ url: string; child: Child }> {
+export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}, workers = 1, mcpUrl?: string): Promise<{ url: string; child: Child }> {
   const [port, adminPort] = [await freePort(), await freePort()]
   const configFile = join(dir, `${name}.yaml`)
-  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool, workers))
+  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool, workers, mcpUrl))
   const main = new URL('../src/cli/main.js', import.meta.url)
   const args = ['serve', '--config', configFile]
   const childEnv = { ...process.env, ...env, DATABASE_URL: store.url }
@@ -138,15 +141,17 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
     }
     if (needs.has('bare')) children.push((running.bare = await nodeServer('bare-proxy', './ref-proxy.js', [upstreamUrl])).child)
     if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url, String(options.pool)])).child)
-    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, options.gatewayLog)).child)
+    // The MCP server before the gateway, whose MCP route points at it.
+    if (needs.has('mcp')) children.push((running.mcp = await nodeServer('mcp-server', './mcp-server.js', [])).child)
+    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, options.gatewayLog, 'gateway', {}, 1, running.mcp?.url)).child)
     if (needs.has('gateway-workers')) {
-      const gateway = await startGateway(dir, upstreamUrl, store, workersPool(options), options.gatewayNodeOptions, undefined, 'gateway-workers', {}, options.workers)
+      const gateway = await startGateway(dir, upstreamUrl, store, workersPool(options), options.gatewayNodeOptions, undefined, 'gateway-workers', {}, options.workers, running.mcp?.url)
       children.push((running['gateway-workers'] = gateway).child)
     }
     let sink: Systems['sink']
     if (needs.has('gateway-traces') && options.traces !== undefined) {
       children.push((sink = await startSink()).child)
-      const gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, undefined, 'gateway-traces', tracingEnv(sink.url, options.traces))
+      const gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, undefined, 'gateway-traces', tracingEnv(sink.url, options.traces), 1, running.mcp?.url)
       children.push((running['gateway-traces'] = gateway).child)
     }
     return { upstream, upstreamUrl, upstreamWhat, running, sink, nginxNote, stop, kill }
