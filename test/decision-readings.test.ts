@@ -18,6 +18,7 @@ describe('the LOW findings on reading a command', () => {
       route(upstream.url, { name: 'reports', path: '/reports', entity: undefined, fence: 'off', idempotency: 'required', idempotency_key: 'report:{body.type}:{body.period}' }),
       route(upstream.url, { name: 'pay', path: '/pay/:id', entity: 'pay:{params.id}', fence: 'optional', idempotency: 'optional' }),
       route(upstream.url, { name: 'plain', path: '/plain/:id', entity: undefined, fence: 'off' }),
+      route(upstream.url, { name: 'refund', path: '/refund/:id', entity: 'pay:{params.id}', fence: 'optional', idempotency: 'optional', idempotency_payload: 'key' }),
     ]),
   }))
 
@@ -59,6 +60,15 @@ describe('the LOW findings on reading a command', () => {
   it('a per-character double-encoded dot segment never reaches the upstream', async () => {
     const res = await rawPost(`${fx.gw.url}/pay/%25%32%65%25%32%65`, { 'x-execution-fence': '1' })
     expect(res.status).toBe(400)
+  })
+
+  it('one key on two routes is never a replay of the other route\'s answer: the route is part of every fingerprint', async () => {
+    const n = fx.upstream.received.length
+    expect((await rawPost(`${fx.gw.url}/pay/9`, { 'x-execution-fence': '1', 'idempotency-key': 'shared-9' })).status).toBe(200)
+    // With idempotency_payload: key the fingerprint is (method, route, entity): the entity is the same, the route is not.
+    const other = await rawPost(`${fx.gw.url}/refund/9`, { 'x-execution-fence': '1', 'idempotency-key': 'shared-9' })
+    expect([other.status, other.body.code]).toEqual([422, 'idempotency_key_reused'])
+    expect(fx.upstream.received.length).toBe(n + 1)
   })
 
   it('the key goes upstream in one form: "pay-77" and pay-77 were one key here and two upstream', async () => {
