@@ -1,5 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { connectPostgres } from '../src/store/postgres.js'
+import { createKeyReserver } from '../src/store/reserve-keys.js'
 import { createStore, type Command, type Reservation, type Store } from '../src/store/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { counting } from './helpers/counting.js'
@@ -107,6 +108,24 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
     const replays = await Promise.all(commands.map((c) => store.reserve({ ...c, requestId: 'again', idempotency: { ...c.idempotency!, ownerToken: 'again' } })))
     expect(replays.map(shape)).toEqual(commands.map((_, i) => ({ kind: 'replay', status: 200 + i, body: `answer ${200 + i}` })))
     expect(db.count).toBe(2)
+  })
+
+  // Issue 43 item 2: a replay is a read. A turn of replays at current fences writes nothing, so
+  // it commits nothing and has no position to wait for, alone or in a batch; a raise has one.
+  it('answers replays at the current fence with a read: no write, no position', async () => {
+    const commands = [keyed('k1', 'invoice:1', '5'), keyed('k2', 'invoice:2', '5'), keyed('k3', null, null)]
+    await Promise.all(commands.map((c) => t.store.reserve(c)))
+    await Promise.all(commands.map((c) => t.store.complete({ tenant: 'default', key: c.idempotency!.key, ownerToken: c.idempotency!.ownerToken }, answer(201))))
+    const keys = createKeyReserver(t.db, setImmediate)
+    const again = (c: Command) => keys.reserve({ ...c, requestId: 'again', idempotency: { ...c.idempotency!, ownerToken: `again-${++owners}` } })
+    const alone = await again(commands[0]!)
+    const turn = await Promise.all(commands.map(again))
+    expect([alone, ...turn].map((p) => [p.reservation.kind, p.position?.lsn])).toEqual([
+      ['replay', undefined], ['replay', undefined], ['replay', undefined], ['replay', undefined],
+    ])
+    const raised = await Promise.all([again(commands[0]!), again({ ...commands[1]!, fence: '6' })])
+    // A raise with a completed key raises the entity and then replays (as fg_reserve alone): it wrote.
+    expect(raised.map((p) => [p.reservation.kind, p.position?.lsn])).toEqual([['replay', undefined], ['replay', expect.stringMatching(/^[0-9A-F]+\/[0-9A-F]+$/)]])
   })
 
   // Two gateways' batches over the same keys and entities, paired the other way round and arriving
