@@ -233,7 +233,7 @@ describe.each(backends())('migration 0016 on $name', (backend) => {
         SELECT pg_get_functiondef(oid) AS def FROM pg_proc WHERE proname LIKE 'fg\\_%' AND proname <> 'fg_audit_trace_origin' ORDER BY oid`
       const before = await bodies()
       expect(before.length).toBeGreaterThan(3)
-      expect((await migrate(t.db, all)).applied.map((m) => m.id)).toEqual([20])
+      expect((await migrate(t.db, all.filter((m) => m.id <= 20))).applied.map((m) => m.id)).toEqual([20])
       expect(await bodies()).toEqual(before)
       await present(3, 'caller', `caller:${traceId}`)
       await present(2, 'gateway', traceId)

@@ -61,7 +61,7 @@ export interface Positioned {
   position: WalPosition | undefined
 }
 
-interface ReserveRow extends PositionRow {
+export interface ReserveRow extends PositionRow {
   highest: string | null
   state: string | null
   owned: boolean | null
@@ -85,7 +85,8 @@ interface ReserveRow extends PositionRow {
  * in the same call, so a rejection costs one round trip. A duplicate of a completed
  * key whose fence equals the entity's highest (or that has no fence) is a replay that
  * moves nothing: the function answers it with a read before anything that writes, so
- * it costs no commit flush. Commands with neither a key nor a lease take src/store/present.ts.
+ * it costs no commit flush. Commands with neither a key nor a lease take src/store/present.ts;
+ * keyed commands of a turn with others, src/store/reserve-keys.ts.
  */
 export async function reserve(db: Db, c: Command): Promise<Positioned> {
   const k = c.idempotency
@@ -101,7 +102,8 @@ export async function reserve(db: Db, c: Command): Promise<Positioned> {
   return { reservation: decide(row!, c), position: readPosition(row) }
 }
 
-function decide(row: ReserveRow, c: Command): Reservation {
+/** A command's decision from its row of fg_reserve (or of a batch of them, src/store/reserve-keys.ts). */
+export function decide(row: ReserveRow, c: Command): Reservation {
   if (!row.lease_ok) return { kind: 'lease_expired' }
   if (row.highest !== null && BigInt(row.highest) > BigInt(c.fence!)) return { kind: 'stale', highest: row.highest }
   if (!c.idempotency || row.owned) return { kind: 'proceed', highest: row.highest }

@@ -4,6 +4,7 @@ import type { Db } from './db.js'
 import type { StoredResponse } from './commands.js'
 import { localDurability, type Durability } from './durability.js'
 import type { Held } from './keys.js'
+import { byKey } from './reserve-keys.js'
 import { latestPosition, readPosition, type PositionRow, type WalPosition } from './wal.js'
 
 export type { Schedule } from './batch.js'
@@ -79,6 +80,9 @@ async function completeAll(db: Db, batch: Pending[]): Promise<{ applied: Set<num
     return row
   })
   const blob = concatBytes(bodies, offset)
+  // Key rows locked in (tenant, key) order, the order every batch of keys takes them in
+  // (migrations/0021): a batch of completions and one of reservations cannot deadlock.
+  rows.sort((a, b) => byKey(a, b) || a.i - b.i)
   // The position columns are read after fg_complete's writes (its rows are materialized first).
   const applied = await db.sql<{ i: number } & PositionRow>`
     SELECT i, pg_walfile_name(pg_current_wal_insert_lsn()) AS fg_wal, pg_current_wal_insert_lsn()::text AS fg_lsn,

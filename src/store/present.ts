@@ -69,7 +69,11 @@ function positioned(row: PresentRow, c: Command): Positioned {
   return { reservation, position: readPosition(row) }
 }
 
-function byEntity(a: Command, b: Command): number {
+/**
+ * The order of fence rows every batch takes its locks in (JavaScript's string order, the same in
+ * every gateway): by tenant, then entity. Keyed batches take key rows after, by byKey.
+ */
+export function byEntity(a: Command, b: Command): number {
   if (a.tenant !== b.tenant) return a.tenant < b.tenant ? -1 : 1
   const x = a.entity ?? ''
   const y = b.entity ?? ''

@@ -7,6 +7,7 @@ import { listAudit, purgeAudit, recordRejection, summarizeAudit, type AuditBucke
 import { listFenceHistory, purgeFenceHistory, type FenceChange, type FenceHistoryQuery } from './fence-history.js'
 import { reserve, type Command, type Reservation } from './commands.js'
 import { createPresenter } from './present.js'
+import { createKeyReserver } from './reserve-keys.js'
 import { getKey, listEntityKeys, markUnknown, purgeExpired, release, releaseUnknown, type EntityKey, type Held, type KeyRelease, type KeyState } from './keys.js'
 
 export type { AuditBucket, AuditFilter, AuditItem, AuditQuery, Rejection } from './audit.js'
@@ -29,7 +30,7 @@ export type { Held, KeyRelease, KeyState } from './keys.js'
 
 /**
  * Everything the gateway asks of its database. Each method is one statement,
- * so each decision is atomic and costs one round trip; a fence without a key, and `complete`,
+ * so each decision is atomic and costs one round trip; a command without a lease, and `complete`,
  * may share a statement with the others of the same scheduled turn.
  */
 export interface Store {
@@ -90,8 +91,10 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
   const durability = options.durability ?? localDurability
   const completer = createCompleter(db, options.schedule, durability)
   const presenter = createPresenter(db, options.schedule)
-  // A fence alone may share its statement with the other fences of the turn (present.ts).
-  const decide = (c: Command) => (c.idempotency || c.leaseJob ? reserve(db, c) : presenter.present(c))
+  const keys = createKeyReserver(db, options.schedule)
+  // A fence alone shares its statement with the other fences of the turn (present.ts), a keyed
+  // command with the other keyed ones (reserve-keys.ts); a lease-bound command goes alone.
+  const decide = (c: Command) => (c.leaseJob ? reserve(db, c) : c.idempotency ? keys.reserve(c) : presenter.present(c))
   return {
     async reserve(command) {
       return (await durably(durability, () => decide(command), (r) => r.position)).reservation
@@ -129,6 +132,7 @@ export function createStore(db: Db, options: StoreOptions = {}): Store {
     async close() {
       // A fence or a completion still waiting for its turn's flush is written before the connections go.
       await presenter.drain()
+      await keys.drain()
       await completer.drain()
       await db.close()
     },
