@@ -4,6 +4,7 @@ import { createJobStore } from '../src/leases/store.js'
 import { backends } from './helpers/backends.js'
 import { freshGateway } from './helpers/fresh-gateway.js'
 import { route, testConfig } from './helpers/gateway.js'
+import { supersede as takeOver } from './helpers/successor.js'
 
 // A 2 s lease renews every 667 ms: a cancel or a successor reaches the worker at its next heartbeat.
 const jobTypes = [{ name: 'quick', lease: '2s', max_attempts: 5, backoff: '1s' }]
@@ -71,8 +72,7 @@ describe.each(backends())('draining slots of the worker SDK on $name', (backend)
   const cancel = (jobId: string) => fetch(`${fx.gw.url}/_fencegate/jobs/${jobId}/cancel`, { method: 'POST' })
   /** A successor takes the job: its lease is moved into the past on the database clock and another worker claims it. */
   const supersede = async (jobId: string) => {
-    await fx.t.db.sql`UPDATE fg_jobs SET lease_until = now() - interval '1 hour' WHERE id = ${jobId}::bigint`
-    const next = (await new FencegateClient({ baseUrl: fx.gw.url }).claim({ types: ['quick'], workerId: 'w2' }))!
+    const next = await takeOver(fx.t.db, fx.gw.url, { jobId, type: 'quick', workerId: 'w2' })
     expect([next.job.id, next.job.fence]).toEqual([jobId, '2'])
     return next.lease
   }

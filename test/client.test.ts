@@ -8,6 +8,7 @@ import { createJobStore } from '../src/leases/store.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { route, startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
+import { supersede } from './helpers/successor.js'
 
 const jobTypes = [
   { name: 'report', lease: '3s', max_attempts: 5, backoff: '1s' },
@@ -156,9 +157,7 @@ describe.each(backends())('worker SDK on $name', (backend) => {
     const working = client.work({ types: ['report'], workerId: 'w1', signal: stop.signal, claimWait: 1, shutdownGraceMs: 100, onEvent: (e) => events.push(e) }, async (_job, lease) => {
       await stepCall(lease, 'fetch-data')
       // A successor takes the job: the lease is moved into the past on the database clock and reclaimed.
-      await t.db.sql`UPDATE fg_jobs SET lease_until = now() - interval '1 second' WHERE id = ${job_id}::bigint`
-      const w2 = new FencegateClient({ baseUrl: gw.url })
-      expect((await w2.claim({ types: ['report'], workerId: 'w2' }))?.job.fence).toBe('2')
+      expect((await supersede(t.db, gw.url, { jobId: job_id, type: 'report', workerId: 'w2' })).job.fence).toBe('2')
       // This handler ignores lease.signal; it only notices the loss by polling, then tries to write anyway.
       await until(() => lease.ownership === 'lost')
       for (const attempt of [() => stepCall(lease, 'render'), () => lease.append({ by: 'w1' })]) {
