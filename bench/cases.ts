@@ -2,8 +2,11 @@ import type { BenchOptions, CaseName } from './run-options.js'
 import type { SystemName } from './systems.js'
 import type { Traffic } from './traffic.js'
 
-/** A case's name; `fg-spread×2` is fg-spread on the gateway with `--workers 2`, `fg-spread+traces` on the one with `--traces`. */
-export type CaseId = CaseName | `${CaseName}×${number}` | `${CaseName}+traces`
+/**
+ * A case's name; `fg-spread×2` is fg-spread on the gateway with `--workers 2`, `fg-spread+traces`
+ * on the one with `--traces`, `fg-spread+pglite` on the one on the embedded store (`--store pglite`).
+ */
+export type CaseId = CaseName | `${CaseName}×${number}` | `${CaseName}+traces` | `${CaseName}+pglite`
 
 export interface Case {
   name: CaseId
@@ -20,6 +23,8 @@ export interface Case {
   single?: CaseName
   /** For a case on the tracing gateway (`--traces`): the same case on the gateway that does not trace. */
   untraced?: CaseName
+  /** For a case on the embedded store's gateway (`--store pglite`): the same case on PostgreSQL. */
+  onPostgres?: CaseName
   /**
    * A path on which every entity is presented the run's fence once before priming
    * (bench/prepare.ts `seedEntities`), so spread cases measure the steady state.
@@ -80,6 +85,19 @@ export function withTraces(selected: readonly Case[], ratio: number | undefined)
   return selected.flatMap((c) => c.system !== 'gateway' ? [c] : [c, {
     ...c, name: `${c.name as CaseName}+traces` as CaseId, label: `${c.label}, traced at ${+(ratio * 100).toPrecision(3)}%`, system: 'gateway-traces' as const,
     p99Of: undefined, untraced: c.name as CaseName,
+  }])
+}
+
+/**
+ * With `--store pglite`: each one-worker fencegate case again right after itself on a gateway
+ * on the embedded store (what `npm start` runs), so the ratio of the two, taken within a round,
+ * is what a newcomer's first store costs against PostgreSQL.
+ */
+export function withEmbedded(selected: readonly Case[], embedded: boolean): Case[] {
+  if (!embedded) return [...selected]
+  return selected.flatMap((c) => c.system !== 'gateway' ? [c] : [c, {
+    ...c, name: `${c.name as CaseName}+pglite` as CaseId, label: `${c.label}, embedded store (PGlite)`, system: 'gateway-pglite' as const,
+    p99Of: undefined, onPostgres: c.name as CaseName,
   }])
 }
 

@@ -6,7 +6,7 @@
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { cases, trafficFactory, withTraces, withWorkers, type Case } from './cases.js'
+import { cases, trafficFactory, withEmbedded, withTraces, withWorkers, type Case } from './cases.js'
 import { wrkAvailable, type LoadGenerator } from './load.js'
 import { measure, warmUp, type RunSpec, type Sample } from './measure.js'
 import { parseOptions, usage, UsageError, type BenchOptions, type CaseName } from './run-options.js'
@@ -61,6 +61,7 @@ function printHeader(options: BenchOptions, kind: LoadGenerator, store: BenchSto
   if (systems.running['gateway-workers']) {
     console.log(`gateway with workers: fencegate serve with server.workers ${options.workers} and store.max_connections ${workersPool(options)} (${options.pool} statement connections and a LISTEN connection per worker)`)
   }
+  if (systems.running['gateway-pglite']) console.log('gateway on the embedded store: fencegate serve with store.data_dir in the bench\'s temporary directory and no DATABASE_URL (PGlite in the gateway\'s process: its CPU is the gateway\'s)')
   if (systems.running['gateway-traces']) {
     console.log(`gateway with traces: OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=${options.traces}, OTLP/HTTP protobuf to a sink in its own process (bench/otlp-sink.ts)`)
   }
@@ -71,9 +72,15 @@ const primeRequests = 5000
 
 /** Completes the replay pool, checks each case with one request, then primes every case. */
 async function prepareCases(options: BenchOptions, selected: Case[], systems: Systems, spec: RunSpec, traffic: (c: Case) => Traffic): Promise<void> {
-  const gateway = systems.running.gateway
-  const replay = selected.find((c) => c.name === 'fg-replay')
-  if (gateway && replay) console.log(`replay pool: ${await completeKeys(gateway.url, traffic(replay), options.connections, spec.signal)}`)
+  // Once per store: the gateways on PostgreSQL share its keys, the embedded one has its own.
+  const pooled = new Set<string>()
+  for (const replay of selected.filter((c) => c.traffic.key === 'replay')) {
+    const gateway = systems.running[replay.system]
+    const store = replay.system === 'gateway-pglite' ? 'pglite' : 'postgres'
+    if (!gateway || pooled.has(store)) continue
+    pooled.add(store)
+    console.log(`replay pool (${store}): ${await completeKeys(gateway.url, traffic(replay), options.connections, spec.signal)}`)
+  }
   // Once per system and path: fg-spread and fg-key share the gateway's invoice entities,
   // hand-fence and hand-key the hand-rolled table.
   const seeded = new Set<string>()
@@ -152,8 +159,8 @@ async function main(argv: string[]): Promise<number> {
   const interrupt = () => controller.abort()
   process.once('SIGINT', interrupt)
   // A last resort so the bench always ends: every run at its own length plus generous setup.
-  // Each of --workers and --traces runs every fencegate case once more.
-  const runs = options.cases.length * (options.workers > 1 ? 2 : 1) * (options.traces !== undefined ? 2 : 1)
+  // Each of --workers, --traces and --store pglite runs every fencegate case once more.
+  const runs = options.cases.length * (options.workers > 1 ? 2 : 1) * (options.traces !== undefined ? 2 : 1) * (options.embedded ? 2 : 1)
   const budgetMs = (runs * (3 * options.prime + options.rounds * (options.warmup + options.duration) + 30 * (options.rounds + 1)) + 300) * 1000
   let systems: Systems | undefined
   const watchdog = setTimeout(() => {
@@ -167,7 +174,7 @@ async function main(argv: string[]): Promise<number> {
   let store: BenchStore | undefined
   try {
     store = await prepareStore(options.databaseUrl)
-    const wanted = withTraces(withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers), options.traces)
+    const wanted = withEmbedded(withTraces(withWorkers(cases.filter((c) => options.cases.includes(c.name as CaseName)), options.workers), options.traces), options.embedded)
     systems = await startSystems(options, store, dir, new Set<SystemName>(wanted.flatMap((c) => [c.system, ...(c.upstream ? [c.upstream] : [])])))
     const selected = wanted.filter((c) => systems!.running[c.system])
     const traffic = trafficFactory(options)

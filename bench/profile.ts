@@ -51,8 +51,10 @@ export async function runProfile(argv: string[]): Promise<number> {
     for (const c of selected) {
       const name = `${c.name}.cpuprofile`
       const hook = ['--import', new URL('./profiler-hook.js', import.meta.url).href]
-      const gw = await startGateway(dir, systems.upstreamUrl, store, options.pool, [...options.gatewayNodeOptions, ...hook], options.gatewayLog,
-        `gateway-${c.name}`, { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name), ...(sink && options.traces !== undefined ? tracingEnv(sink.url, options.traces) : {}) })
+      const gw = await startGateway({
+        dir, upstreamUrl: systems.upstreamUrl, store, pool: options.pool, nodeOptions: [...options.gatewayNodeOptions, ...hook], logFile: options.gatewayLog,
+        name: `gateway-${c.name}`, env: { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name), ...(sink && options.traces !== undefined ? tracingEnv(sink.url, options.traces) : {}) },
+      })
       try {
         if (c.traffic.key === 'replay') console.log(`replay pool: ${await completeKeys(gw.url, traffic(c), options.connections, controller.signal)}`)
         const spec = { url: gw.url, connections: options.connections, dir, signal: controller.signal }

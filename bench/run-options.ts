@@ -35,6 +35,8 @@ export interface BenchOptions {
   workers: number
   /** A sampling ratio: every fencegate case also runs on a gateway tracing at it (OTLP to a sink); undefined: not. */
   traces: number | undefined
+  /** `--store pglite`: every fencegate case also runs on a gateway on the embedded store. */
+  embedded: boolean
 }
 
 export const defaultDatabaseUrl = 'postgres://postgres@127.0.0.1:5432/test'
@@ -58,6 +60,7 @@ const flags = {
   note: { type: 'string', help: 'a label printed with the results, e.g. "noisy machine"' },
   workers: { type: 'string', help: 'also run every fencegate case on a gateway with this many workers (server.workers), beside the 1-worker one (default 1: not)' },
   traces: { type: 'string', help: 'also run every fencegate case on a gateway tracing at this sampling ratio (0 to 1, e.g. 1 or 0.01), exporting OTLP to a sink' },
+  store: { type: 'string', help: 'pglite: also run every fencegate case on a gateway on the embedded store (PGlite, as `npm start` runs), beside PostgreSQL in the same rounds' },
   help: { type: 'boolean', help: 'this help' },
 } as const
 
@@ -115,6 +118,8 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     if (!(caseNames as readonly string[]).includes(n)) throw new UsageError(`--cases: unknown case ${JSON.stringify(n)} (known: ${caseNames.join(', ')})`)
   }
   const load = str('load')
+  const store = str('store')
+  if (store !== undefined && store !== 'pglite') throw new UsageError(`--store takes pglite (PostgreSQL always runs), got ${JSON.stringify(store)}`)
   if (load !== undefined && load !== 'wrk' && load !== 'autocannon') throw new UsageError(`--load must be wrk or autocannon, got ${JSON.stringify(load)}`)
   const nodeOptions = (str('gateway-node-options') ?? '').split(/\s+/).filter((o) => o !== '')
   for (const o of nodeOptions) {
@@ -139,5 +144,6 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv, defaults: P
     note: str('note'),
     workers: integer(str('workers'), 'workers', 1, 1, 64),
     traces: ratio(str('traces'), 'traces'),
+    embedded: store === 'pglite',
   }
 }

@@ -10,7 +10,7 @@ import { freePort, isHealthy, listeningPort, startChild, startProcess, stopChild
 import type { BenchStore } from './fresh-db.js'
 import { mcpTool } from './traffic.js'
 
-export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers' | 'gateway-traces' | 'mcp'
+export type SystemName = 'nginx' | 'bare' | 'hand' | 'gateway' | 'gateway-workers' | 'gateway-traces' | 'gateway-pglite' | 'mcp'
 
 export interface Systems {
   upstream: Child
@@ -53,14 +53,17 @@ export async function sinkStats(sinkUrl: string): Promise<{ requests: number; by
 /** Starts the OTLP sink in its own process, so its CPU is not the gateway's. */
 export const startSink = () => nodeServer('otlp-sink', './otlp-sink.js', [])
 
-/** The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of the measurement. */
-export function gatewayConfig(upstream: string, port: number, adminPort: number, pool: number, workers = 1, mcpUpstream = upstream): string {
+/**
+ * The gateway's config: YAML is a superset of JSON; `warn` keeps per-request info lines out of
+ * the measurement. `store` is PostgreSQL's statement pool, or the embedded store's directory.
+ */
+export function gatewayConfig(upstream: string, port: number, adminPort: number, store: { max_connections: number } | { data_dir: string }, workers = 1, mcpUpstream = upstream): string {
   const route = { method: 'POST', upstream, timeout_ms: 10_000 }
   const entity = 'invoice:{params.invoice_id}'
   return JSON.stringify({
     server: { host: '127.0.0.1', port, admin_host: '127.0.0.1', admin_port: adminPort, workers },
     log: { level: 'warn' },
-    store: { max_connections: pool },
+    store,
     routes: [
       { ...route, name: 'passthrough', path: '/passthrough/:invoice_id/capture', fence: 'off' },
       { ...route, name: 'capture', path: '/payments/:invoice_id/capture', entity, fence: 'required' },
@@ -72,19 +75,40 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
   }, null, 2)
 }
 
+/** How one gateway of the bench is started; the defaults are the one-worker gateway on PostgreSQL. */
+export interface GatewayStart {
+  dir: string
+  upstreamUrl: string
+  store: BenchStore
+  /** PostgreSQL's statement pool (store.max_connections). */
+  pool: number
+  nodeOptions: string[]
+  logFile?: string | undefined
+  name?: string
+  env?: NodeJS.ProcessEnv
+  workers?: number
+  mcpUrl?: string | undefined
+  /** The embedded store (PGlite) in this directory instead of PostgreSQL: no DATABASE_URL, as `npm start` runs. */
+  dataDir?: string
+}
+
 /** Starts the gateway (`fencegate serve`) on a fresh config and waits for its admin /health. */
-export async function startGateway(dir: string, upstreamUrl: string, store: BenchStore, pool: number, nodeOptions: string[], logFile: string | undefined, name = 'gateway', env: NodeJS.ProcessEnv = {}, workers = 1, mcpUrl?: string): Promise<{ url: string; child: Child }> {
+export async function startGateway(g: GatewayStart): Promise<{ url: string; child: Child }> {
+  const name = g.name ?? 'gateway'
   const [port, adminPort] = [await freePort(), await freePort()]
-  const configFile = join(dir, `${name}.yaml`)
-  writeFileSync(configFile, gatewayConfig(upstreamUrl, port, adminPort, pool, workers, mcpUrl))
+  const configFile = join(g.dir, `${name}.yaml`)
+  const store = g.dataDir === undefined ? { max_connections: g.pool } : { data_dir: g.dataDir }
+  writeFileSync(configFile, gatewayConfig(g.upstreamUrl, port, adminPort, store, g.workers ?? 1, g.mcpUrl))
   const main = new URL('../src/cli/main.js', import.meta.url)
   const args = ['serve', '--config', configFile]
-  const childEnv = { ...process.env, ...env, DATABASE_URL: store.url }
+  const childEnv: NodeJS.ProcessEnv = { ...process.env, ...g.env, DATABASE_URL: g.store.url }
+  // The CLI prefers DATABASE_URL to store.data_dir: the embedded gateway must not see it.
+  if (g.dataDir !== undefined) delete childEnv.DATABASE_URL
   // With no flags of its own the gateway is run as npx runs it: the file itself, so its
   // #! line and the Node flags in it apply (src/cli/main.ts).
-  const child = nodeOptions.length === 0
-    ? startProcess(name, fileURLToPath(main), args, childEnv, logFile)
-    : startChild(name, main, args, childEnv, nodeOptions, logFile)
+  const child = g.nodeOptions.length === 0
+    ? startProcess(name, fileURLToPath(main), args, childEnv, g.logFile)
+    : startChild(name, main, args, childEnv, g.nodeOptions, g.logFile)
   await waitUntil(child, 'healthy', () => isHealthy(`http://127.0.0.1:${adminPort}/health`), 60_000)
   return { url: `http://127.0.0.1:${port}`, child }
 }
@@ -143,16 +167,21 @@ export async function startSystems(options: BenchOptions, store: BenchStore, dir
     if (needs.has('hand')) children.push((running.hand = await nodeServer('hand-fence', './ref-fence.js', [upstreamUrl, store.url, String(options.pool)])).child)
     // The MCP server before the gateway, whose MCP route points at it.
     if (needs.has('mcp')) children.push((running.mcp = await nodeServer('mcp-server', './mcp-server.js', [])).child)
-    if (needs.has('gateway')) children.push((running.gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, options.gatewayLog, 'gateway', {}, 1, running.mcp?.url)).child)
+    const gateway = { dir, upstreamUrl, store, pool: options.pool, nodeOptions: options.gatewayNodeOptions, mcpUrl: running.mcp?.url }
+    if (needs.has('gateway')) children.push((running.gateway = await startGateway({ ...gateway, logFile: options.gatewayLog })).child)
     if (needs.has('gateway-workers')) {
-      const gateway = await startGateway(dir, upstreamUrl, store, workersPool(options), options.gatewayNodeOptions, undefined, 'gateway-workers', {}, options.workers, running.mcp?.url)
-      children.push((running['gateway-workers'] = gateway).child)
+      const workers = await startGateway({ ...gateway, pool: workersPool(options), name: 'gateway-workers', workers: options.workers })
+      children.push((running['gateway-workers'] = workers).child)
+    }
+    if (needs.has('gateway-pglite')) {
+      const embedded = await startGateway({ ...gateway, name: 'gateway-pglite', dataDir: join(dir, 'pglite') })
+      children.push((running['gateway-pglite'] = embedded).child)
     }
     let sink: Systems['sink']
     if (needs.has('gateway-traces') && options.traces !== undefined) {
       children.push((sink = await startSink()).child)
-      const gateway = await startGateway(dir, upstreamUrl, store, options.pool, options.gatewayNodeOptions, undefined, 'gateway-traces', tracingEnv(sink.url, options.traces), 1, running.mcp?.url)
-      children.push((running['gateway-traces'] = gateway).child)
+      const traced = await startGateway({ ...gateway, name: 'gateway-traces', env: tracingEnv(sink.url, options.traces) })
+      children.push((running['gateway-traces'] = traced).child)
     }
     return { upstream, upstreamUrl, upstreamWhat, running, sink, nginxNote, stop, kill }
   } catch (err) {
