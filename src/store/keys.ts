@@ -92,12 +92,18 @@ export async function releaseUnknown(db: Db, r: KeyRelease): Promise<{ released:
   return row
 }
 
-/** Deletes up to `limit` expired records; returns how many went. */
+/**
+ * Deletes up to `limit` expired records; returns how many went. It passes over a record a
+ * reservation or a completion holds (SKIP LOCKED) rather than waiting for it: the purge takes
+ * its rows in expiry order, not in the (tenant, key) order batches lock keys in, so waiting
+ * could close a deadlock with a batch that reuses an expired key. A passed-over record is
+ * taken by a later purge, or replaced by the reservation that held it.
+ */
 export async function purgeExpired(db: Db, limit: number): Promise<number> {
   const rows = await db.sql`
     DELETE FROM fg_idempotency WHERE ctid = ANY (ARRAY(
-      SELECT ctid FROM fg_idempotency WHERE expires_at <= now() ORDER BY expires_at LIMIT ${limit}
-    ))
+      SELECT ctid FROM fg_idempotency WHERE expires_at <= now() ORDER BY expires_at LIMIT ${limit} FOR UPDATE SKIP LOCKED
+    )) AND expires_at <= now()
     RETURNING 1`
   return rows.length
 }
