@@ -40,7 +40,8 @@ export function moduleOf(url: string, fn: string): string {
   if (url.startsWith('node:internal/deps/undici')) return 'Node\'s bundled undici (fetch, Request, Response, Headers)'
   if (url.startsWith('node:internal/webstreams') || url.startsWith('node:internal/worker/js_transferable')) return 'Web streams (node:internal/webstreams, makeTransferable)'
   if (url.startsWith('node:internal/abort_controller')) return 'AbortSignal (node:internal/abort_controller)'
-  if (url.startsWith('wasm://')) return 'llhttp (WASM HTTP parser of undici)'
+  // undici's llhttp and PGlite's PostgreSQL are both WebAssembly: summarise() names the module by its JS caller.
+  if (url.startsWith('wasm://')) return 'WebAssembly'
   if (/^node:(internal\/streams|stream)/.test(url)) return 'node streams'
   if (/^node:(_http|http|internal\/http)/.test(url)) return 'node:http'
   if (/^node:(net|internal\/net|internal\/stream_base_commons|internal\/dns)/.test(url)) return 'node:net (sockets)'
@@ -63,9 +64,9 @@ function isNodeCore(url: string): boolean {
 export function familyOf(module: string): string {
   if (module === '@hono/node-server' || module.startsWith('Node\'s bundled undici') || module.startsWith('AbortSignal')) return 'Web Request/Response wrapping (@hono/node-server, Request/Response/Headers, AbortSignal)'
   if (module.startsWith('Web streams')) return 'Web streams'
-  if (module === 'undici' || module.startsWith('llhttp')) return 'undici (forwarding client, llhttp)'
+  if (module === 'undici' || module === 'WebAssembly, from undici') return 'undici (forwarding client, llhttp)'
   if (module === 'hono') return 'hono (router, context)'
-  if (module === 'postgres' || module.startsWith('fencegate src/store')) return 'the store (postgres.js, src/store)'
+  if (module === 'postgres' || module.startsWith('fencegate src/store') || /^(WebAssembly, from )?@electric-sql\/pglite$/.test(module)) return 'the store (postgres.js or PGlite, src/store)'
   if (module === 'pino' || module === 'prom-client' || module === 'zod') return module
   if (module === 'node:crypto' || module === 'fencegate src/runtime/node/hash') return 'hashing (node:crypto, src/runtime/node/hash)'
   if (module.startsWith('fencegate ')) return 'fencegate src (other)'
@@ -94,6 +95,14 @@ export function summarise(file: string, top = 25): Summary {
     }
     return nearest
   }
+  /** A WebAssembly function's nearest JavaScript caller: undici for llhttp, PGlite for its PostgreSQL. */
+  const jsCallerOf = (id: number): ProfileNode | undefined => {
+    for (let p = parent.get(id); p !== undefined; p = parent.get(p)) {
+      const n = byId.get(p)!
+      if (n.callFrame.url && !n.callFrame.url.startsWith('wasm://')) return n
+    }
+    return undefined
+  }
   const self = new Map<number, number>()
   // timeDeltas[i] is the time before sample i, so sample i's time is timeDeltas[i + 1].
   for (let i = 0; i < profile.samples.length; i++) {
@@ -109,7 +118,10 @@ export function summarise(file: string, top = 25): Summary {
     const { functionName, url, lineNumber } = byId.get(id)!.callFrame
     let module = moduleOf(url, functionName)
     let via = ''
-    if (module.startsWith('native')) {
+    if (module === 'WebAssembly') {
+      const caller = jsCallerOf(id)
+      if (caller) module = `WebAssembly, from ${moduleOf(caller.callFrame.url, caller.callFrame.functionName)}`
+    } else if (module.startsWith('native')) {
       const caller = callerOf(id)
       if (caller) {
         module = `native, from ${moduleOf(caller.callFrame.url, caller.callFrame.functionName)}`
@@ -124,6 +136,7 @@ export function summarise(file: string, top = 25): Summary {
     modules.set(module, (modules.get(module) ?? 0) + ms)
     const { url: libraryUrl, functionName: libraryFn } = isNodeCore(url) || !url ? (callerOf(id, true)?.callFrame ?? { url: '', functionName }) : { url, functionName }
     const family = module === 'GC' || module.startsWith('(program') ? module
+      : module.startsWith('WebAssembly') ? familyOf(module)
       : !libraryUrl || isNodeCore(libraryUrl) ? 'Node core with no library frame above it (event loop, socket reads, timers)'
       : familyOf(moduleOf(libraryUrl, libraryFn))
     charged.set(family, (charged.get(family) ?? 0) + ms)

@@ -2,7 +2,8 @@
 // (default: fg-off and fg-spread), each under the same load as the bench, summarised by self
 // time per module and per function. V8's sampling profiler (the one `node --cpu-prof` uses)
 // runs only over the measured seconds (bench/profiler-hook.ts). The .cpuprofile files are
-// kept (the path is printed) for Chrome DevTools or speedscope.
+// kept (the path is printed) for Chrome DevTools or speedscope. With --store pglite each gateway
+// runs on the embedded store, whose work (PGlite's WebAssembly) is then in the profile.
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -53,7 +54,7 @@ export async function runProfile(argv: string[]): Promise<number> {
       const hook = ['--import', new URL('./profiler-hook.js', import.meta.url).href]
       const gw = await startGateway({
         dir, upstreamUrl: systems.upstreamUrl, store, pool: options.pool, nodeOptions: [...options.gatewayNodeOptions, ...hook], logFile: options.gatewayLog,
-        name: `gateway-${c.name}`, env: { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name), ...(sink && options.traces !== undefined ? tracingEnv(sink.url, options.traces) : {}) },
+        name: `gateway-${c.name}`, ...(options.embedded ? { dataDir: join(dir, `pglite-${c.name}`) } : {}), env: { FENCEGATE_BENCH_CPUPROFILE: join(profiles, name), ...(sink && options.traces !== undefined ? tracingEnv(sink.url, options.traces) : {}) },
       })
       try {
         if (c.traffic.key === 'replay') console.log(`replay pool: ${await completeKeys(gw.url, traffic(c), options.connections, controller.signal)}`)

@@ -188,6 +188,33 @@ describe('bench profile summary', () => {
   })
 })
 
+describe('bench profile summary of WebAssembly', () => {
+  it('charges WebAssembly to its JavaScript caller: llhttp to undici, PostgreSQL to PGlite on the embedded store', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-profile-'))
+    try {
+      const frame = (id: number, functionName: string, url: string, children: number[] = []) => ({ id, callFrame: { functionName, url, lineNumber: 0, columnNumber: 0, scriptId: '0' }, children })
+      const nodes = [
+        frame(1, '(root)', '', [2, 4]),
+        frame(2, 'execute', 'file:///app/node_modules/undici/lib/dispatcher/client-h1.js', [3]),
+        frame(3, 'wasm-function[1]', 'wasm://wasm/0a1b2c3d'),
+        frame(4, 'execProtocol', 'file:///app/node_modules/@electric-sql/pglite/dist/chunk-Y6PULSM7.js', [5]),
+        frame(5, 'wasm-function[2]', 'wasm://wasm/4e5f6a7b', [6]),
+        frame(6, 'wasm-function[3]', 'wasm://wasm/4e5f6a7b'),
+      ]
+      // 1 ms in llhttp, 3 ms in PGlite's PostgreSQL (two nested WebAssembly frames).
+      const samples = [3, 5, 6, 6]
+      const timeDeltas = [0, 1000, 1000, 1000, 1000]
+      const file = join(dir, 'p.cpuprofile')
+      writeFileSync(file, JSON.stringify({ nodes, samples, timeDeltas, startTime: 0, endTime: 4000 }))
+      const s = summarise(file)
+      expect(s.modules.map((m) => [m.name, Math.round(m.ms)])).toEqual([['WebAssembly, from @electric-sql/pglite', 3], ['WebAssembly, from undici', 1]])
+      expect(s.charged.map((f) => [f.name, f.share])).toEqual([['the store (postgres.js or PGlite, src/store)', 0.75], ['undici (forwarding client, llhttp)', 0.25]])
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
 /** A server that records what it is sent and answers 200. */
 async function recorder(): Promise<{ url: string; seen: { url: string; headers: IncomingHttpHeaders; body: string }[]; close(): Promise<void> }> {
   const seen: { url: string; headers: IncomingHttpHeaders; body: string }[] = []
