@@ -158,11 +158,13 @@ describe('bench --workers', () => {
   })
 })
 
+/** A node of a V8 CPU profile, for the summary's tests. */
+const frame = (id: number, functionName: string, url: string, children: number[] = []) => ({ id, callFrame: { functionName, url, lineNumber: 0, columnNumber: 0, scriptId: '0' }, children })
+
 describe('bench profile summary', () => {
   it('charges a native socket write to the library outside Node that made it', () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-profile-'))
     try {
-      const frame = (id: number, functionName: string, url: string, children: number[] = []) => ({ id, callFrame: { functionName, url, lineNumber: 0, columnNumber: 0, scriptId: '0' }, children })
       const nodes = [
         frame(1, '(root)', '', [2, 5, 6]),
         frame(2, 'responseViaCache', 'file:///app/node_modules/@hono/node-server/dist/index.mjs', [3]),
@@ -192,7 +194,6 @@ describe('bench profile summary of WebAssembly', () => {
   it('charges WebAssembly to its JavaScript caller: llhttp to undici, PostgreSQL to PGlite on the embedded store', () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencegate-test-profile-'))
     try {
-      const frame = (id: number, functionName: string, url: string, children: number[] = []) => ({ id, callFrame: { functionName, url, lineNumber: 0, columnNumber: 0, scriptId: '0' }, children })
       const nodes = [
         frame(1, '(root)', '', [2, 4]),
         frame(2, 'execute', 'file:///app/node_modules/undici/lib/dispatcher/client-h1.js', [3]),
