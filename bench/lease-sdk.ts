@@ -4,6 +4,7 @@
 // no-op handlers against the same gateway as `http`. What the SDK adds over the bare
 // calls of `http` (claim → complete) is its work loop, leases and heartbeat timers; the
 // Python rows put a Python worker's jobs/s beside the TS SDK's.
+import { setMaxListeners } from 'node:events'
 import { existsSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -74,6 +75,8 @@ export function tsSdkWorker(baseUrl: string, slots: number, type: string): SdkWo
   return {
     run: (total, completed, signal) => new Promise<number>((resolve, reject) => {
       const controller = new AbortController()
+      // work() listens on its signal once per running job (each one's shutdown grace): Node warns past 10.
+      setMaxListeners(slots + 10, controller.signal)
       let [done, refused] = [0, 0]
       const finish = () => {
         signal.removeEventListener('abort', finish)

@@ -2,9 +2,11 @@
 // in one run on one PostgreSQL server, each system on a fresh database of its own.
 // No-op jobs, `--concurrency` in flight, drained from a backlog seeded beforehand at each
 // `--depths` (seeding is not measured), then a steady regime where producers keep about
-// `--backlog` jobs waiting. Reported: jobs/s and CPU µs per job of this process (the
-// workers, and the producers in the steady regime), the gateway, and the PostgreSQL
-// backends of the system's database (/proc/<pid>/stat).
+// `--backlog` jobs waiting. The worker SDKs' rows (`sdk`, `py-sdk`, `py-sdk-async`,
+// bench/lease-sdk.ts) run `work()` against the same gateway at each `--slots`. Reported:
+// jobs/s and CPU µs per job of this process (the workers, and the producers in the steady
+// regime; with a Python row's process), the gateway, and the PostgreSQL backends of the
+// system's database (/proc/<pid>/stat).
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
