@@ -2,8 +2,11 @@
 // test/bench-leases.test.ts can check what each refuses.
 import { parseArgs } from 'node:util'
 
-export const systemNames = ['store', 'store-batch', 'http', 'http-jwt', 'http-batch', 'graphile'] as const
+export const systemNames = ['store', 'store-batch', 'http', 'http-jwt', 'http-batch', 'graphile', 'sdk', 'py-sdk', 'py-sdk-async'] as const
 export type SystemName = (typeof systemNames)[number]
+/** The worker SDKs' rows (bench/lease-sdk.ts) run one per `--slots`, and only when named: at 1 slot, a depth of 100,000 would take minutes. */
+export const sdkSystemNames: readonly SystemName[] = ['sdk', 'py-sdk', 'py-sdk-async']
+export const defaultSystems: readonly SystemName[] = systemNames.filter((n) => !sdkSystemNames.includes(n))
 
 const flags = {
   depths: { type: 'string', help: 'queue depths to drain, comma-separated (default 1000,20000,100000)' },
@@ -13,7 +16,8 @@ const flags = {
   batch: { type: 'string', help: 'jobs per claim in the *-batch systems (default 10)' },
   producers: { type: 'string', help: 'producers in the steady regime (default 20)' },
   backlog: { type: 'string', help: 'jobs the steady producers keep waiting at most (default 200)' },
-  systems: { type: 'string', help: `systems to run (default ${systemNames.join(',')})` },
+  systems: { type: 'string', help: `systems to run (default ${defaultSystems.join(',')}; also ${sdkSystemNames.join(',')})` },
+  slots: { type: 'string', help: 'jobs at once in the SDK rows (sdk, py-sdk, py-sdk-async), a row each, comma-separated (default 1,8)' },
   baseline: { type: 'string', help: 'a git ref whose gateway runs http and http-jwt again, beside this build\'s, each round' },
   'admin-url': { type: 'string', help: 'where the fresh databases are created (default postgres://postgres@127.0.0.1:5432/test)' },
   help: { type: 'boolean', help: 'show this help' },
@@ -24,6 +28,7 @@ export function leaseUsage(): string {
   for (const [name, f] of Object.entries(flags)) lines.push(`  --${name}${f.type === 'string' ? ' <value>' : ''}`.padEnd(28) + f.help)
   lines.push('', 'a short check: npm run bench -- leases --depths 200,1000 --steady-jobs 500 --rounds 1')
   lines.push('a change\'s cost: npm run bench -- leases --systems http,http-jwt --baseline 4e10a66^')
+  lines.push('the Python SDK beside the TS SDK: npm run bench -- leases --systems sdk,py-sdk,py-sdk-async --depths 2000 --steady-jobs 2000')
   return lines.join('\n')
 }
 
@@ -42,6 +47,8 @@ export interface LeaseOptions {
   producers: number
   backlog: number
   systems: SystemName[]
+  /** The slots of each SDK row. */
+  slots: number[]
   adminUrl: string | undefined
   /** A git ref (`4e10a66^`) whose build runs the systems of `baselineSystems` again. */
   baseline: string | undefined
@@ -54,7 +61,7 @@ export function parseLeaseOptions(argv: string[]): LeaseOptions | undefined {
   const { values } = parseArgs({ args: argv, options: Object.fromEntries(Object.entries(flags).map(([k, f]) => [k, { type: f.type }])), strict: true })
   if (values.help) return undefined
   const list = (v: unknown, fallback: string) => (typeof v === 'string' ? v : fallback).split(',').map((s) => s.trim()).filter((s) => s !== '')
-  const systems = list(values.systems, systemNames.join(','))
+  const systems = list(values.systems, defaultSystems.join(','))
   for (const s of systems) if (!(systemNames as readonly string[]).includes(s)) throw new Error(`--systems: unknown system ${JSON.stringify(s)} (known: ${systemNames.join(', ')})`)
   const selected = systemNames.filter((n) => systems.includes(n))
   const baseline = typeof values.baseline === 'string' ? values.baseline.trim() : undefined
@@ -63,6 +70,8 @@ export function parseLeaseOptions(argv: string[]): LeaseOptions | undefined {
     if (baseline === '' || baseline.startsWith('-')) throw new Error(`--baseline must be a git ref (a commit, branch or tag), not ${JSON.stringify(values.baseline)}`)
     if (!selected.some((n) => baselineSystems.includes(n))) throw new Error(`--baseline runs ${baselineSystems.join(' and ')} on the other build: --systems has neither`)
   }
+  if (values.slots !== undefined && !selected.some((n) => sdkSystemNames.includes(n))) throw new Error(`--slots sets the SDK rows: --systems has none of ${sdkSystemNames.join(', ')}`)
+  const slots = [...new Set(list(values.slots, '1,8').map((n) => integer(n, 'slots', 0, 1, 100)))]
   return {
     depths: list(values.depths, '1000,20000,100000').map((d) => integer(d, 'depths', 0, 1, 1_000_000)),
     steadyJobs: integer(values['steady-jobs'], 'steady-jobs', 20_000, 0, 1_000_000),
@@ -72,6 +81,7 @@ export function parseLeaseOptions(argv: string[]): LeaseOptions | undefined {
     producers: integer(values.producers, 'producers', 20, 1, 200),
     backlog: integer(values.backlog, 'backlog', 200, 1, 100_000),
     systems: selected,
+    slots,
     adminUrl: typeof values['admin-url'] === 'string' ? values['admin-url'] : undefined,
     baseline,
   }

@@ -25,6 +25,8 @@ export interface System {
   database: string
   /** The gateway's pid when the system has one. */
   gatewayPid?: number
+  /** A worker process of its own (the Python SDK's), whose CPU counts with the bench process's. */
+  workerPid?: number
   /** Empties the queue (not measured). */
   reset(): Promise<void>
   /** Queues `count` jobs in one statement and analyzes the table, as a backlog would look (not measured). */

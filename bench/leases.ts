@@ -2,9 +2,11 @@
 // in one run on one PostgreSQL server, each system on a fresh database of its own.
 // No-op jobs, `--concurrency` in flight, drained from a backlog seeded beforehand at each
 // `--depths` (seeding is not measured), then a steady regime where producers keep about
-// `--backlog` jobs waiting. Reported: jobs/s and CPU µs per job of this process (the
-// workers, and the producers in the steady regime), the gateway, and the PostgreSQL
-// backends of the system's database (/proc/<pid>/stat).
+// `--backlog` jobs waiting. The worker SDKs' rows (`sdk`, `py-sdk`, `py-sdk-async`,
+// bench/lease-sdk.ts) run `work()` against the same gateway at each `--slots`. Reported:
+// jobs/s and CPU µs per job of this process (the workers, and the producers in the steady
+// regime; with a Python row's process), the gateway, and the PostgreSQL backends of the
+// system's database (/proc/<pid>/stat).
 import { mkdtempSync, rmSync } from 'node:fs'
 import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -22,6 +24,7 @@ import { benchTokens, startLeaseGateway, type LeaseGateway } from './lease-gatew
 import { prepareStore, type BenchStore } from './fresh-db.js'
 import { baselineSystems, parseLeaseOptions, leaseUsage as usage, type LeaseOptions as Options, type SystemName } from './lease-options.js'
 import { baselineRatios, prepareBaseline } from './lease-baseline.js'
+import { isSdkSystem, pythonWorker, sdkCaseName, sdkPairs, sdkRatioLines, sdkSystem, tsSdkWorker } from './lease-sdk.js'
 
 interface Phase {
   round: number
@@ -34,13 +37,15 @@ interface Phase {
 }
 
 async function measure(system: System, round: number, regime: string, jobs: number, cpu: BackendCpu, run: () => Promise<number>): Promise<Phase> {
-  const before = { at: performance.now(), self: process.cpuUsage(), gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
+  const of = (pid?: number) => (pid ? cpuSeconds(pid) : 0)
+  const before = { at: performance.now(), self: process.cpuUsage(), gw: of(system.gatewayPid), worker: of(system.workerPid), pg: await cpu.snapshot(system.database) }
   const refused = await run()
   const seconds = (performance.now() - before.at) / 1000
   const self = process.cpuUsage(before.self)
-  const after = { gw: system.gatewayPid ? cpuSeconds(system.gatewayPid) : 0, pg: await cpu.snapshot(system.database) }
+  const after = { gw: of(system.gatewayPid), worker: of(system.workerPid), pg: await cpu.snapshot(system.database) }
   if (refused !== 0) throw new Error(`${system.name}, ${regime}: ${refused} completions refused`)
-  return { round, regime, system: system.name, jobs, seconds, cpu: { bench: (self.user + self.system) / 1e6, gateway: after.gw - before.gw, postgres: backendCpuBetween(before.pg, after.pg) } }
+  const bench = (self.user + self.system) / 1e6 + after.worker - before.worker
+  return { round, regime, system: system.name, jobs, seconds, cpu: { bench, gateway: after.gw - before.gw, postgres: backendCpuBetween(before.pg, after.pg) } }
 }
 
 async function phase(system: System, o: Options, round: number, regime: string, depth: number | undefined, prefix: string, cpu: BackendCpu, signal: AbortSignal, watch: (jobs: number) => void): Promise<Phase> {
@@ -182,7 +187,7 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
     const types = parseConfig({ routes: [unusedRoute], job_types: [jobType] }).job_types
     console.log(`machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), node ${process.version}, load average ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     console.log(`store: ${store.description}; fencegate on ${store.location}`)
-    console.log(`workload: no-op jobs, ${o.concurrency} in flight, depths ${o.depths.join(', ')}${o.steadyJobs ? `, steady ${o.steadyJobs} jobs (${o.producers} producers, backlog ${o.backlog})` : ''}, batch ${o.batch}, ${o.rounds} round(s) after a discarded warm-up`)
+    console.log(`workload: no-op jobs, ${o.concurrency} in flight, depths ${o.depths.join(', ')}${o.steadyJobs ? `, steady ${o.steadyJobs} jobs (${o.producers} producers, backlog ${o.backlog})` : ''}, batch ${o.batch}${o.systems.some(isSdkSystem) ? `, SDK rows at ${o.slots.join(', ')} slot(s)` : ''}, ${o.rounds} round(s) after a discarded warm-up`)
     const gatewayConfig = { routes: [unusedRoute], job_types: [jobType] }
     const gateway = await startLeaseGateway(tmp, store, o.concurrency, gatewayConfig, false)
     cleanups.unshift(() => gateway.stop())
@@ -223,6 +228,14 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
         systems.push(g)
       }
     }
+    // After the others, grouped by slots: each Python row runs right after the TS SDK's of its slots.
+    for (const slots of o.slots) {
+      for (const name of o.systems.filter(isSdkSystem)) {
+        const worker = name === 'sdk' ? tsSdkWorker(`http://127.0.0.1:${gateway.port}`, slots, jobTypeName) : await pythonWorker(`http://127.0.0.1:${gateway.port}`, name === 'py-sdk' ? 'sync' : 'async', slots, jobTypeName)
+        cleanups.unshift(() => worker.close())
+        systems.push(sdkSystem(sdkCaseName(name, slots), fg(name, httpSteps(pool), 1, gateway), worker, httpSteps(pool).start))
+      }
+    }
     const signal = interrupted.signal
     const tag = Date.now().toString(36)
     for (const s of systems) await phase(s, o, 0, 'warm-up', Math.min(300, o.depths[0] ?? 300), `${tag}.warm`, cpu, signal, watch)
@@ -240,6 +253,8 @@ export async function runLeasesBench(argv: string[]): Promise<number> {
       console.log(`\nthis build against ${o.baseline} (ratio within each round, median over rounds; jobs/s above 1 and CPU below 1 favour this build):`)
       for (const r of baselineRatios(phases, pairs)) console.log(`  ${r.regime}, ${r.current}: jobs/s ${r.jobsPerSecond.toFixed(3)}x, gateway CPU µs/job ${r.gatewayCpu.toFixed(3)}x`)
     }
+    const sdk = sdkPairs(o.systems, o.slots)
+    if (sdk.length) console.log(['\nthe Python SDK against the TS SDK at the same slots (jobs/s, ratio within each round, median over rounds):', ...sdkRatioLines(phases, sdk)].join('\n'))
     console.log(`every phase: each job ran and completed exactly once; load average at the end ${loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     return 0
   } catch (err) {

@@ -31,5 +31,5 @@ describe.skipIf(pytestMissing)('the Python client (clients/python) against a rea
     // Exit 5 is "no tests collected": only 0 passes, and the summary must name passed tests.
     expect(run.code, run.output).toBe(0)
     expect(run.output).toMatch(/\b\d+ passed\b/)
-  }, 150_000)
+  }, 300_000)
 })

@@ -190,3 +190,90 @@ def with_suppressed(fn: Callable[[], Any]) -> None:
         fn()
     except OSError:
         pass
+
+
+class Interposer:
+    """A TCP proxy to a port that counts the connections made through it. Armed with :meth:`lose_next_answer`,
+    it forwards the next request and then closes the client's connection instead of delivering the answer:
+    the server processed the request, and the client cannot know it (a server that closed at the wrong time)."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.accepted = 0
+        self.lost = 0
+        self._armed = False
+        self._stop = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._clients: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def lose_next_answer(self) -> None:
+        with self._lock:
+            self._armed = True
+
+    def close_connections(self) -> None:
+        """Sends the client the end of every connection made so far, as a server closing its idle keep-alive
+        connections does. What the client still sends goes through (the server may act on it); no answer comes back."""
+        with self._lock:
+            clients = list(self._clients)
+        for sock in clients:
+            with_suppressed(lambda: sock.shutdown(socket.SHUT_WR))
+
+    def close(self) -> None:
+        self._stop = True
+        self._accepting.join()
+        with self._lock:
+            socks, threads = list(self._socks), list(self._threads)
+        for sock in socks:
+            with_suppressed(lambda: sock.shutdown(socket.SHUT_RDWR))
+        for thread in threads:
+            thread.join()
+        for sock in socks:
+            sock.close()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            client.settimeout(None)
+            server = socket.create_connection(("127.0.0.1", self._target))
+            with self._lock:
+                self.accepted += 1
+                self._socks += [client, server]
+                self._clients.append(client)
+                pumps = [threading.Thread(target=self._pump, args=(client, server, False), daemon=True),
+                         threading.Thread(target=self._pump, args=(server, client, True), daemon=True)]
+                self._threads += pumps
+            for pump in pumps:
+                pump.start()
+
+    def _pump(self, src: socket.socket, dest: socket.socket, answers: bool) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if data and answers:
+                with self._lock:
+                    lose, self._armed = self._armed, False
+                    self.lost += lose
+                if lose:  # the client gets an orderly close where its answer should be
+                    with_suppressed(lambda: dest.shutdown(socket.SHUT_RDWR))
+                    with_suppressed(lambda: src.shutdown(socket.SHUT_RDWR))
+                    return
+            if not data:
+                with_suppressed(lambda: dest.shutdown(socket.SHUT_WR))
+                return
+            try:
+                dest.sendall(data)
+            except OSError:
+                return

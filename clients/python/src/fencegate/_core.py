@@ -1,7 +1,7 @@
 """The sans-I/O core both fronts share: requests are built and answers read here, never sent.
 
-``FencegateClient`` sends a :class:`Request` with :mod:`http.client` in the calling thread;
-``AsyncFencegateClient`` sends the same request from ``asyncio.to_thread``. Everything that decides
+``FencegateClient`` sends a :class:`Request` on its pool of :mod:`http.client` connections in the
+calling thread; ``AsyncFencegateClient`` sends the same request on its pool of asyncio streams. Everything that decides
 (identity, claim bodies, what a heartbeat or a call under the lease answered) lives here once.
 """
 
@@ -30,13 +30,19 @@ def monotonic() -> float:
 
 @dataclass(frozen=True)
 class Request:
-    """One HTTP request, ready to send. Example: ``Request("GET", url, {}, None, 10.0)``."""
+    """One HTTP request, ready to send. Example: ``Request("GET", url, {}, None, 10.0)``.
+
+    ``replayable``: sending it twice does no harm, so a transport may send it again on a new
+    connection when a kept-alive one was closed under it (safe methods, and the job API's calls
+    the protocol makes repeatable); anything else whose bytes may have arrived is never resent.
+    """
 
     method: str
     url: str
     headers: dict[str, str]
     body: bytes | None
     timeout: float
+    replayable: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,8 +140,12 @@ class JobApi:
         if self.token and "authorization" not in {k.lower() for k in headers} and _origin(url) == self._origin:
             headers["Authorization"] = f"Bearer {self.token}"
 
-    def request(self, method: str, url: str, body: Any, headers: Mapping[str, str] | None, timeout: float) -> Request:
-        """Any request to the gateway: a dict or list body is sent as JSON, bytes and str as they are."""
+    def request(self, method: str, url: str, body: Any, headers: Mapping[str, str] | None, timeout: float,
+                replayable: bool | None = None) -> Request:
+        """Any request to the gateway: a dict or list body is sent as JSON, bytes and str as they are.
+
+        ``replayable`` defaults to the safe methods (GET, HEAD, OPTIONS) only.
+        """
         sent = dict(headers or {})
         data: bytes | None
         if body is None or isinstance(body, bytes):
@@ -147,11 +157,12 @@ class JobApi:
             if "content-type" not in {k.lower() for k in sent}:
                 sent["Content-Type"] = _JSON
         self.authorize(url, sent)
-        return Request(method, url, sent, data, timeout)
+        safe = method.upper() in ("GET", "HEAD", "OPTIONS")
+        return Request(method, url, sent, data, timeout, safe if replayable is None else replayable)
 
-    def job_call(self, method: str, path: str, body: Any, timeout: float) -> Request:
-        """A request to ``/_fencegate/jobs{path}``."""
-        return self.request(method, f"{self.base_url}/_fencegate/jobs{path}", body, {"Accept": _JSON}, timeout)
+    def job_call(self, method: str, path: str, body: Any, timeout: float, replayable: bool | None = None) -> Request:
+        """A request to ``/_fencegate/jobs{path}``; a claim is not ``replayable`` (a resend could take a second job)."""
+        return self.request(method, f"{self.base_url}/_fencegate/jobs{path}", body, {"Accept": _JSON}, timeout, replayable)
 
 
 def job_path(job_id: str, action: str = "") -> str:
@@ -194,6 +205,20 @@ def claimed_jobs(res: Response, batch: bool) -> list[dict[str, Any]]:
 def positive_ms(value: Any) -> int:
     """A positive integer from an answer, else 0 (a lease of 0 starts lost rather than guessed)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def keep_alive_seconds(header: str | None, fallback: float) -> float:
+    """How long an idle connection may be reused: the server's ``Keep-Alive: timeout`` less a second, else ``fallback``.
+
+    Example::
+
+        keep_alive_seconds("timeout=5", 4.0)  # 4.0
+    """
+    for part in (header or "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "timeout" and value.strip().isdigit():
+            return max(0.0, int(value.strip()) - 1.0)
+    return fallback
 
 
 def unreachable(what: str, err: BaseException) -> GatewayUnreachable:

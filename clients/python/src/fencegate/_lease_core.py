@@ -114,9 +114,14 @@ class LeaseCore:
 
     # calls under the lease
     def request(self, action: str, body: dict[str, Any], timeout: float | None = None) -> Request:
-        """A job API call under this lease, naming its worker and fence."""
+        """A job API call under this lease, naming its worker and fence.
+
+        Replayable: under one fence a renewal renews again, a completion with the same result is
+        a no-op success, an append resends the same sequence number, and a release or fail
+        answered by a lost lease is what the caller already reads as one (the ops retry them too).
+        """
         sent = {"worker_id": self.worker_id, "fence": self.fence, **body}
-        return self.api.job_call("POST", job_path(self.job_id, action), sent, timeout or self.request_timeout)
+        return self.api.job_call("POST", job_path(self.job_id, action), sent, timeout or self.request_timeout, True)
 
     def holder_check(self, allow_cancelled: bool, last_failure: BaseException | None) -> None:
         """Raises when no call may be made now; after a lost answer, the unknown outcome rather than a loss."""

@@ -3,7 +3,7 @@
 An operation yields a :class:`Request` (the driver sends it and sends back the :class:`Response`,
 or throws ``GatewayUnreachable`` into it) or a float (the driver sleeps that many seconds), and
 returns its value. ``run_sync`` drives one in the calling thread; the asyncio front drives the
-same generator with ``asyncio.to_thread`` and ``asyncio.sleep``.
+same generator with its asyncio transport and ``asyncio.sleep``.
 
 Example::
 
@@ -53,7 +53,8 @@ def run_sync(op: Op[T], send: Callable[[Request], Response], lock: ContextManage
 def start(api: JobApi, type: str, key: str, payload: Any, restart: bool, timeout: float) -> Op[dict[str, Any]]:
     """Starts a job by its natural key or joins it: the job API's answer."""
     body = {"type": type, "key": key, "payload": payload, "restart": restart}
-    return ok_body((yield api.job_call("POST", "", body, timeout)))
+    # Without restart a second start joins the job the first one started (its natural key).
+    return ok_body((yield api.job_call("POST", "", body, timeout, replayable=not restart)))
 
 
 def get_job(api: JobApi, job_id: str, from_seq: int | None, timeout: float) -> Op[dict[str, Any]]:

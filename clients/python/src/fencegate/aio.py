@@ -11,7 +11,7 @@ from . import _ops
 from ._core import JobApi, Response, subject_of, worker_id_for
 from ._lease_core import LeaseCore, error_record
 from ._slots import Slots, ended_by, slot_id
-from ._transport import send as _send
+from ._aio_transport import AsyncConnectionPool
 from .aio_lease import AsyncLease, run_async
 from .errors import FencegateError, GatewayUnreachable, PermanentFailure
 from .work import lease_event
@@ -37,7 +37,8 @@ class AsyncFencegateClient:
         self._subject = subject_of(token)
         self.worker_id: str = worker_id_for(worker_id, self._subject)
         self.request_timeout = request_timeout
-        self._send = _send
+        self._pool = AsyncConnectionPool()
+        self._send = self._pool.send
         self._loops: set[Slots] = set()
         self._leases: list[AsyncLease] = []
         self._orphans: set[asyncio.Task[None]] = set()
@@ -66,7 +67,7 @@ class AsyncFencegateClient:
                       timeout: float | None = None) -> Response:
         """Any request, with the token for the gateway's own origin. Example: ``await client.request("GET", url)``."""
         req = self._api.request(method, url, body, headers, timeout or self.request_timeout)
-        return await asyncio.to_thread(self._send, req)
+        return await self._send(req)
 
     async def work(self, types: list[str] | None, handler: AsyncHandler, concurrency: int = 1,
                    stop: asyncio.Event | None = None, shutdown_grace: float = 30.0, on_event: Emit | None = None,
@@ -99,7 +100,7 @@ class AsyncFencegateClient:
         return sum(slots.draining for slots in list(self._loops))
 
     async def aclose(self) -> None:
-        """Stops the renewals of leases still held and the handlers ``work()`` gave up on."""
+        """Stops the renewals of leases still held and the handlers ``work()`` gave up on; closes idle connections."""
         leases, self._leases = self._leases, []
         for lease in leases:
             await lease.aclose()
@@ -107,6 +108,7 @@ class AsyncFencegateClient:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._pool.aclose()
 
     async def __aenter__(self) -> AsyncFencegateClient:
         return self

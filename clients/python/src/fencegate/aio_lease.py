@@ -12,18 +12,19 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar, Union
 from . import _ops
 from ._core import Request, Response, gateway_refusal, monotonic
 from ._lease_core import LeaseCore, error_record
-from ._transport import send as _send
 from .errors import FencegateError, GatewayUnreachable, LeaseExpired, PermanentFailure
 
 T = TypeVar("T")
+#: Sends one request without blocking the loop: ``AsyncConnectionPool.send``.
+Send = Callable[[Request], Awaitable[Response]]
 
 
-async def run_async(op: _ops.Op[T], send: Callable[[Request], Response] = _send) -> T:
-    """Drives an operation from the event loop: each request in ``asyncio.to_thread``, each pause in ``asyncio.sleep``.
+async def run_async(op: _ops.Op[T], send: Send) -> T:
+    """Drives an operation from the event loop: each request with ``send`` (asyncio streams), each pause in ``asyncio.sleep``.
 
     Example::
 
-        job = await run_async(_ops.get_job(api, "1", None, 10.0))
+        job = await run_async(_ops.get_job(api, "1", None, 10.0), pool.send)
     """
     value: Any = None
     error: BaseException | None = None
@@ -35,7 +36,7 @@ async def run_async(op: _ops.Op[T], send: Callable[[Request], Response] = _send)
         value, error = None, None
         if isinstance(item, Request):
             try:
-                value = await asyncio.to_thread(send, item)
+                value = await send(item)
             except GatewayUnreachable as err:
                 error = err
         else:
@@ -55,7 +56,7 @@ class AsyncLease:
             await lease.complete({"status": res.status})
     """
 
-    def __init__(self, core: LeaseCore, send: Callable[[Request], Response] = _send) -> None:
+    def __init__(self, core: LeaseCore, send: Send) -> None:
         self._core = core
         self._send = send
         self._changed = asyncio.Event()
@@ -111,7 +112,7 @@ class AsyncLease:
         key = self._core.choose_key(headers, idempotency_key)
         await self._ready(self._if_unknown if self._core.step_name is not None else "wait")
         req = self._core.fetch_request(method, url, body, headers, key, timeout)
-        res = await asyncio.to_thread(self._send, req)
+        res = await self._send(req)
         refusal = gateway_refusal(res)
         if refusal is None:
             return res

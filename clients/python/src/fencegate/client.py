@@ -10,7 +10,7 @@ from . import _ops
 from ._core import JobApi, Request, Response, subject_of, worker_id_for
 from ._lease_core import LeaseCore
 from ._slots import Slots, slot_id
-from ._transport import send as _send
+from ._transport import ConnectionPool
 from .errors import FencegateError
 from .lease import Lease
 from .work import Handler, work_loop
@@ -40,7 +40,8 @@ class FencegateClient:
         self._subject = subject_of(token)
         self.worker_id: str = worker_id_for(worker_id, self._subject)
         self.request_timeout = request_timeout
-        self._send: Callable[[Request], Response] = _send
+        self._pool = ConnectionPool()
+        self._send: Callable[[Request], Response] = self._pool.send
         self._loops: set[Slots] = set()
         self._leases: list[Lease] = []
         self._lock = threading.Lock()
@@ -125,11 +126,12 @@ class FencegateClient:
         return sum(slots.draining for slots in list(self._loops))
 
     def close(self) -> None:
-        """Stops the heartbeat threads of leases still held (they then run out) and waits for them."""
+        """Stops the heartbeat threads of leases still held (they then run out), waits for them, closes idle connections."""
         with self._lock:
             leases, self._leases = self._leases, []
         for lease in leases:
             lease.close(5.0)
+        self._pool.close()
 
     def __enter__(self) -> FencegateClient:
         return self
