@@ -40,6 +40,8 @@ export interface McpMessage {
 
 type Message = Record<string, unknown> & { params?: Record<string, unknown> }
 
+const utf8 = new TextEncoder()
+
 /**
  * Reads an MCP route's POST and chooses its rule; records the message's id, method and tool on
  * the trace, so a refusal answers that id and logs name the tool. Refusals are audited.
@@ -50,7 +52,7 @@ export async function readMcpMessage(ctx: Pick<PipelineContext, 'store' | 'log' 
   try {
     const bytes = await request.readBody(ctx.bodyLimit)
     const fields = readBodyFields(request.headers, bytes)
-    const message = oneMessage(bytes)
+    const message = oneMessage(fields)
     const id = message.id
     trace.rpc = { id: typeof id === 'string' || (typeof id === 'number' && Number.isFinite(id)) ? id : id === undefined ? undefined : null }
     if (fields.at(['jsonrpc']) !== '2.0') throw invalid('the body is not a JSON-RPC 2.0 message ("jsonrpc": "2.0")')
@@ -73,14 +75,11 @@ function invalid(detail: string): FencegateError {
   return new FencegateError('invalid_request', detail)
 }
 
-/** The body as one JSON object; a batch or any other JSON value is refused (the strict reading already passed). */
-function oneMessage(bytes: Uint8Array): Message {
-  let root: unknown
-  try {
-    root = JSON.parse(new TextDecoder().decode(bytes))
-  } catch {
-    throw invalid('an MCP route takes one JSON-RPC message as JSON')
-  }
+/** The body as one JSON object, from the strict reading's parse; a batch or any other JSON value is refused. */
+function oneMessage(fields: BodyFields): Message {
+  const root = fields.json
+  // No JSON value: an empty body, or a form (the reading refuses a form that is JSON).
+  if (root === undefined) throw invalid('an MCP route takes one JSON-RPC message as JSON')
   if (Array.isArray(root)) throw invalid('a JSON-RPC batch is not forwarded: each message is decided by its own rule, so send them one by one')
   if (root === null || typeof root !== 'object') throw invalid('the body is not one JSON-RPC message (a JSON object)')
   return root as Message
@@ -162,7 +161,7 @@ function overlay(view: HeaderView, extra: Record<string, string>): HeaderView {
 
 function payloadOf(message: Message, method: string | undefined, name: string | undefined): Uint8Array {
   const { _meta: _ignored, ...params } = message.params ?? {}
-  return new TextEncoder().encode(`mcp\n${method ?? ''}\n${name ?? ''}\n${JSON.stringify(params)}`)
+  return utf8.encode(`mcp\n${method ?? ''}\n${name ?? ''}\n${JSON.stringify(params)}`)
 }
 
 /**

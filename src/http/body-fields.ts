@@ -22,9 +22,18 @@ export interface BodyFields {
    * (`TENANT_ID` for `tenant_id`), which Go's and ASP.NET's readers take for it.
    */
   at(path: readonly string[]): string | undefined
+  /**
+   * The parsed JSON value of a JSON body, for a reader that needs its shape (is it one object,
+   * is a member a string) rather than a field's text: the MCP seam (src/gateway/mcp.ts), which
+   * so parses the body once. Undefined for a form and for an empty body. The strict reading's
+   * checks hold for it (UTF-8, RFC 8259, no key twice); it is read-only by convention.
+   */
+  readonly json?: unknown
 }
 
 const nothing: BodyFields = { at: () => undefined }
+// Reused: a fatal decoder keeps no state between whole (non-streaming) decodes.
+const utf8 = new TextDecoder('utf-8', { fatal: true })
 
 /**
  * Reads a body's fields for a route's decision, or refuses it.
@@ -37,7 +46,7 @@ export function readBodyFields(headers: HeaderView, bytes: Uint8Array): BodyFiel
   refuseUnreadableFraming(headers.get('content-encoding'), type)
   let text: string
   try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
+    text = utf8.decode(bytes)
   } catch {
     throw unreadable('the body is not UTF-8')
   }
@@ -65,6 +74,7 @@ function jsonFields(text: string): BodyFields {
   }
   const noncanonical = scanJson(text)
   return {
+    json: root,
     at(path) {
       const node = walk(root, path)
       if (typeof node === 'number') {
@@ -99,13 +109,29 @@ function walk(root: unknown, path: readonly string[]): unknown {
   for (const [i, key] of path.entries()) {
     if (node === ambiguousField) throw unreadable(`body.${path.slice(0, i).join('.')} is given more than once; which one counts is ambiguous`)
     if (node === null || typeof node !== 'object') return undefined
-    const folded = fold(key)
-    const other = Object.keys(node).find((k) => k !== key && fold(k) === folded)
+    const other = foldedKeys(node).get(fold(key))?.find((k) => k !== key)
     if (other !== undefined) throw unreadable(`the body names ${JSON.stringify(other)} beside or instead of ${JSON.stringify(key)}; readers that match names in any case could take either`)
     if (!Object.hasOwn(node, key)) return undefined
     node = (node as Record<string, unknown>)[key]
   }
   return node
+}
+
+// An object's names by their folded form, made once per object: a message is asked for several fields.
+const folds = new WeakMap<object, Map<string, string[]>>()
+
+function foldedKeys(node: object): Map<string, string[]> {
+  let names = folds.get(node)
+  if (names) return names
+  names = new Map()
+  for (const k of Object.keys(node)) {
+    const f = fold(k)
+    const same = names.get(f)
+    if (same) same.push(k)
+    else names.set(f, [k])
+  }
+  folds.set(node, names)
+  return names
 }
 
 /** Case folding as lenient readers match names (Go folds the Kelvin sign to k, ſ to s): over-approximated, since it only refuses. */
