@@ -109,29 +109,13 @@ function walk(root: unknown, path: readonly string[]): unknown {
   for (const [i, key] of path.entries()) {
     if (node === ambiguousField) throw unreadable(`body.${path.slice(0, i).join('.')} is given more than once; which one counts is ambiguous`)
     if (node === null || typeof node !== 'object') return undefined
-    const other = foldedKeys(node).get(fold(key))?.find((k) => k !== key)
+    const folded = fold(key)
+    const other = Object.keys(node).find((k) => k !== key && fold(k) === folded)
     if (other !== undefined) throw unreadable(`the body names ${JSON.stringify(other)} beside or instead of ${JSON.stringify(key)}; readers that match names in any case could take either`)
     if (!Object.hasOwn(node, key)) return undefined
     node = (node as Record<string, unknown>)[key]
   }
   return node
-}
-
-// An object's names by their folded form, made once per object: a message is asked for several fields.
-const folds = new WeakMap<object, Map<string, string[]>>()
-
-function foldedKeys(node: object): Map<string, string[]> {
-  let names = folds.get(node)
-  if (names) return names
-  names = new Map()
-  for (const k of Object.keys(node)) {
-    const f = fold(k)
-    const same = names.get(f)
-    if (same) same.push(k)
-    else names.set(f, [k])
-  }
-  folds.set(node, names)
-  return names
 }
 
 /** Case folding as lenient readers match names (Go folds the Kelvin sign to k, ſ to s): over-approximated, since it only refuses. */
