@@ -34,7 +34,14 @@ export const mcpRuleSchema = z.object({
   idempotency_payload: z.enum(['request', 'key']).optional(),
   scopes: z.array(z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected a scope such as payments:write')).optional(),
   mcp_refusals: mcpRefusals.optional(),
+  /**
+   * A tool argument that carries the fence (`params.arguments.<name>`), for tools whose schema
+   * takes the fence as an argument; on 2026-07-28 the 2.x client mirrors an argument declared
+   * with `"x-mcp-header": "Fence"` as `Mcp-Param-Fence`, which must then agree with it.
+   */
+  fence_argument: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'expected an argument name (letters, digits, _ and -)').optional(),
 }).strict().superRefine((r, ctx) => {
+  if (r.method !== undefined && r.fence_argument !== undefined) ctx.addIssue({ code: 'custom', path: ['fence_argument'], message: 'a tool argument exists on a tool\'s rule only' })
   // Only tools/call has a result that can say isError; other methods' refusals are JSON-RPC errors.
   if (r.method !== undefined && r.mcp_refusals === 'tool_error') ctx.addIssue({ code: 'custom', path: ['mcp_refusals'], message: 'tool_error answers a tool\'s refusal; a method rule\'s refusals are JSON-RPC errors' })
   if ((r.tool === undefined) === (r.method === undefined)) ctx.addIssue({ code: 'custom', message: 'a rule names exactly one of tool or method' })
