@@ -59,6 +59,11 @@ export const cases: readonly Case[] = [
   // the key. In mcp-direct the MCP server is what answers, so its CPU is the proxy column.
   { name: 'mcp-direct', label: 'MCP server (official 2.x SDK, JSON answers) straight, its own CPU', system: 'mcp', traffic: { path: '/mcp', entity: 'spread', key: 'meta' }, hand: 'hand-key' },
   { name: 'fg-mcp', label: 'fencegate MCP route: fenced `tools/call`, new key in `_meta`', system: 'gateway', upstream: 'mcp', traffic: { path: '/mcp', entity: 'spread', key: 'meta' }, hand: 'hand-key', p99Of: 'mcp-direct', seedPath: pay },
+  // The same calls to the same MCP server through a plain REST route with a key (entity from the
+  // path, fence and key in headers): fg-key's work at fg-mcp's load and upstream, so that beside
+  // fg-mcp it shows what reading the message as MCP costs, apart from what the MCP server's CPU
+  // on the same two cores does to the gateway's batching.
+  { name: 'fg-mcp-rest', label: 'the same `tools/call` through a REST route with a key (headers)', system: 'gateway', upstream: 'mcp', traffic: { path: '/rest-mcp/{id}', entity: 'spread', key: 'meta-rest' }, hand: 'hand-key', seedPath: pay },
 ]
 
 export const caseNamed = (name: CaseName): Case => cases.find((c) => c.name === name)!

@@ -71,6 +71,8 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
       { ...route, name: 'capture-body-key', path: '/bodykey/payments/:invoice_id/capture', entity, fence: 'required', idempotency: 'required', idempotency_key: '{body.idempotency_key}' },
       // fg-mcp: the MCP server's endpoint, its one side-effecting tool fenced per invoice and keyed.
       { ...route, name: 'payments-mcp', path: '/mcp', upstream: mcpUpstream, fence: 'off', mcp: [{ tool: mcpTool, entity: 'invoice:{body.params.arguments.invoice_id}', fence: 'required', idempotency: 'required' }] },
+      // fg-mcp-rest: the same server behind a plain keyed route (the SDK's handler serves any path).
+      { ...route, name: 'payments-mcp-rest', path: '/rest-mcp/:invoice_id', upstream: mcpUpstream, entity, fence: 'required', idempotency: 'required' },
     ],
   }, null, 2)
 }

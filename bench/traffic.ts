@@ -16,9 +16,11 @@ export interface Traffic {
   /**
    * `new`: `<keyPrefix><n>`, a new key on every request; `replay`: `<replayPrefix><i>`, i < replayKeys,
    * with id i % ids; `body`: a new `<keyPrefix><n>` in the body's `idempotency_key` (no header);
-   * `meta`: an MCP `tools/call` (mcpCall), id n, the fence and a new `<keyPrefix><n>` in `_meta` (no fence header).
+   * `meta`: an MCP `tools/call` (mcpCall), id n, the fence and a new `<keyPrefix><n>` in `_meta` (no fence header);
+   * `meta-rest`: the same call to a REST route, the path naming the entity, the fence in
+   * `X-Execution-Fence` and the same key in `Idempotency-Key` as well.
    */
-  key: 'none' | 'new' | 'replay' | 'body' | 'meta'
+  key: 'none' | 'new' | 'replay' | 'body' | 'meta' | 'meta-rest'
   ids: number
   replayKeys: number
   /** Unique per run, so a new key is never one sent before. */
@@ -50,10 +52,11 @@ export function bodyWithKey(key: string): string {
 /** The headers every request of the traffic carries; an MCP call's are its protocol's, its fence is in the body. */
 export function baseHeaders(t: Pick<Traffic, 'key' | 'fence'>): Record<string, string> {
   // Spelled as the wrk script's per-request headers are (`X-Execution-Fence` when a case raises), so Lua sets one entry, not two.
-  if (t.key !== 'meta') return { 'Content-Type': 'application/json', 'X-Execution-Fence': t.fence }
+  if (t.key !== 'meta' && t.key !== 'meta-rest') return { 'Content-Type': 'application/json', 'X-Execution-Fence': t.fence }
   return {
     'content-type': 'application/json', accept: 'application/json, text/event-stream',
     'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': mcpTool,
+    ...(t.key === 'meta-rest' ? { 'X-Execution-Fence': t.fence } : {}),
   }
 }
 
@@ -91,6 +94,7 @@ export function requests(t: Traffic): () => Outgoing {
     if (t.key === 'replay') return pooled(t, Math.floor(Math.random() * t.replayKeys))
     const id = t.entity === 'hot' ? 'hot' : String(Math.floor(Math.random() * t.ids))
     if (t.key === 'meta') return { path: t.path, headers: {}, body: mcpCall(id, n++, t.fence, t.keyPrefix) }
+    if (t.key === 'meta-rest') return { path: `${head}${id}${tail}`, headers: { 'idempotency-key': `${t.keyPrefix}${n}` }, body: mcpCall(id, n++, t.fence, t.keyPrefix) }
     const headers: Record<string, string> = t.key === 'new' ? { 'idempotency-key': `${t.keyPrefix}${n}` } : {}
     if (t.raiseBase !== undefined) headers['x-execution-fence'] = `${t.raiseBase}${String(n).padStart(6, '0')}`
     const body = t.key === 'body' ? bodyWithKey(`${t.keyPrefix}${n}`) : undefined
@@ -107,12 +111,12 @@ export function wrkScript(t: Traffic): string {
   const pick = t.key === 'replay'
     ? `local i = math.random(0, ${t.replayKeys - 1})\n  headers["Idempotency-Key"] = ${lua(t.replayPrefix)} .. i\n  local id = i % ${t.ids}`
     : `local id = ${t.entity === 'hot' ? '"hot"' : `math.random(0, ${t.ids - 1})`}` +
-      (t.key === 'new' ? `\n  headers["Idempotency-Key"] = ${lua(t.keyPrefix)} .. n` : '') +
+      (t.key === 'new' || t.key === 'meta-rest' ? `\n  headers["Idempotency-Key"] = ${lua(t.keyPrefix)} .. n` : '') +
       (t.raiseBase !== undefined ? `\n  headers["X-Execution-Fence"] = ${lua(t.raiseBase)} .. string.format("%06d", n)` : '')
   // A body key: the JSON with its last brace replaced by the key field (bodyWithKey).
   const [ca, cb, cc, cd] = mcpCallParts(t.fence, t.keyPrefix).map(lua)
   const send = t.key === 'body' ? `${lua(requestBody.slice(0, -1) + ',"idempotency_key":"')} .. ${lua(t.keyPrefix)} .. n .. '"}'`
-    : t.key === 'meta' ? `${ca} .. n .. ${cb} .. id .. ${cc} .. n .. ${cd}` : 'body'
+    : t.key === 'meta' || t.key === 'meta-rest' ? `${ca} .. n .. ${cb} .. id .. ${cc} .. n .. ${cd}` : 'body'
   // An MCP call's entity is in its body: its path has no {id}.
   const path = t.key === 'meta' ? lua(t.path) : `${lua(head)} .. id .. ${lua(tail)}`
   const headers = Object.entries(baseHeaders(t)).map(([name, value]) => `[${lua(name)}] = ${lua(value)}`).join(', ')

@@ -13,7 +13,7 @@ import { cases } from '../bench/cases.js'
 import { runLoad } from '../bench/load.js'
 import type { Sample } from '../bench/measure.js'
 import { targets, type Results } from '../bench/report.js'
-import { mcpCall, type Traffic } from '../bench/traffic.js'
+import { baseHeaders, mcpCall, requests, type Traffic } from '../bench/traffic.js'
 
 const sample = (round: number, proxyUs: number): Sample => ({
   round,
@@ -31,6 +31,25 @@ describe('the bench report\'s MCP target', () => {
     ])
     const check = targets(results, cases, undefined, true).find((t) => t.target === 'fg-mcp gateway CPU/call <= 1.3x fg-key\'s')
     expect(check).toEqual({ target: 'fg-mcp gateway CPU/call <= 1.3x fg-key\'s', measured: '1.23×', met: true })
+  })
+})
+
+describe('fg-mcp-rest: the same calls through a REST route with a key', () => {
+  it('sends fg-mcp\'s body to /rest-mcp/<invoice>, the fence and the same key as headers', () => {
+    const traffic: Traffic = { path: '/rest-mcp/{id}', entity: 'spread', key: 'meta-rest', ids: 10, replayKeys: 5, keyPrefix: 'k.', replayPrefix: 'r.', fence: '42' }
+    const next = requests(traffic)
+    for (const n of [0, 1]) {
+      const o = next()
+      const invoice = /^\/rest-mcp\/(\d+)$/.exec(o.path)![1]!
+      expect(o.body).toBe(mcpCall(invoice, n, '42', 'k.'))
+      expect(o.headers).toEqual({ 'idempotency-key': `k.${n}` })
+    }
+    expect(baseHeaders(traffic)).toMatchObject({ 'X-Execution-Fence': '42', 'mcp-method': 'tools/call', 'mcp-protocol-version': '2026-07-28' })
+  })
+
+  it('the report sets fg-mcp\'s gateway CPU per call beside fg-mcp-rest\'s as well', () => {
+    const results: Results = new Map([['fg-mcp-rest', [sample(1, 1000)]], ['fg-mcp', [sample(1, 1100)]]])
+    expect(targets(results, cases, undefined, true).find((t) => t.target === 'fg-mcp gateway CPU/call <= 1.3x fg-mcp-rest\'s')).toEqual({ target: 'fg-mcp gateway CPU/call <= 1.3x fg-mcp-rest\'s', measured: '1.10×', met: true })
   })
 })
 

@@ -80,8 +80,9 @@ describe.each(backends())('MCP through fencegate with the official 2.x SDK (stat
     await t?.close()
   })
 
+  // Pinned: the 2.x client's default negotiation is 'legacy' (initialize, 2025-11-25), not the stateless protocol.
   const agent = async (headers: Record<string, string> = {}, path = '/mcp') => {
-    const client = new Client({ name: 'agent', version: '2.0.0' })
+    const client = new Client({ name: 'agent', version: '2.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } })
     await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}${path}`), { requestInit: { headers } }))
     clients.push(client)
     return client

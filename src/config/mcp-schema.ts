@@ -21,6 +21,9 @@ const template = (compile: (t: string) => unknown) => z.string().superRefine((t,
 // A tool or method name as MCP writes them (`create_ticket`, `tasks/cancel`, `github.search`).
 const messageName = z.string().regex(/^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$/, 'expected 1-128 letters, digits, _ . / : -')
 
+/** How a refused `tools/call` is answered: a JSON-RPC error, or a tool result with `isError: true`. */
+export const mcpRefusals = z.enum(['protocol_error', 'tool_error'])
+
 export const mcpRuleSchema = z.object({
   tool: messageName.optional(),
   method: messageName.optional(),
@@ -30,7 +33,17 @@ export const mcpRuleSchema = z.object({
   idempotency_key: template(compileKeyTemplate).optional(),
   idempotency_payload: z.enum(['request', 'key']).optional(),
   scopes: z.array(z.string().regex(/^[\x21-\x7E]{1,128}$/, 'expected a scope such as payments:write')).optional(),
+  mcp_refusals: mcpRefusals.optional(),
+  /**
+   * A tool argument that carries the fence (`params.arguments.<name>`), for tools whose schema
+   * takes the fence as an argument; on 2026-07-28 the 2.x client mirrors an argument declared
+   * with `"x-mcp-header": "Fence"` as `Mcp-Param-Fence`, which must then agree with it.
+   */
+  fence_argument: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'expected an argument name (letters, digits, _ and -)').optional(),
 }).strict().superRefine((r, ctx) => {
+  if (r.method !== undefined && r.fence_argument !== undefined) ctx.addIssue({ code: 'custom', path: ['fence_argument'], message: 'a tool argument exists on a tool\'s rule only' })
+  // Only tools/call has a result that can say isError; other methods' refusals are JSON-RPC errors.
+  if (r.method !== undefined && r.mcp_refusals === 'tool_error') ctx.addIssue({ code: 'custom', path: ['mcp_refusals'], message: 'tool_error answers a tool\'s refusal; a method rule\'s refusals are JSON-RPC errors' })
   if ((r.tool === undefined) === (r.method === undefined)) ctx.addIssue({ code: 'custom', message: 'a rule names exactly one of tool or method' })
   // A tool's rule is matched on params.name; a method rule for tools/call would shadow every tool's.
   if (r.method === 'tools/call') ctx.addIssue({ code: 'custom', path: ['method'], message: 'tools/call is matched per tool: write tool: <name>' })
@@ -51,7 +64,7 @@ export function mcpRuleConfig<R extends { name: string; scopes: string[] }>(rout
   const defined = <K extends keyof McpRuleConfig>(k: K) => (rule[k] === undefined ? {} : { [k]: rule[k] })
   return {
     ...route,
-    ...defined('entity'), ...defined('fence'), ...defined('idempotency'), ...defined('idempotency_key'), ...defined('idempotency_payload'),
+    ...defined('entity'), ...defined('fence'), ...defined('idempotency'), ...defined('idempotency_key'), ...defined('idempotency_payload'), ...defined('mcp_refusals'),
     name: `${route.name}/${rule.tool ?? rule.method}`,
     scopes: [...new Set([...route.scopes, ...(rule.scopes ?? [])])],
     mcp: undefined,

@@ -1,7 +1,7 @@
 import { z } from 'zod'
 import { compileEntityTemplate, compileKeyTemplate, compilePathPattern, defaultKeyTemplate, isStorableText, maxEntityLength, keyHeaderOf, reservedPrefix } from './templates.js'
 import { checkUpstreamTls, upstreamTlsSchema } from './upstream-tls.js'
-import { checkMcpRules, mcpRuleSchema } from './mcp-schema.js'
+import { checkMcpRules, mcpRefusals, mcpRuleSchema } from './mcp-schema.js'
 import { duration, errorEnvelopes, headerName, integer, ruleName, size, upstream } from './fields.js'
 
 // Framing, cookies and what only the gateway sets on a replay never come from the store.
@@ -79,8 +79,15 @@ export const routeSchema = z.object({
   attest: z.boolean().default(false),
   /** An MCP endpoint: rules per JSON-RPC message (a tool of tools/call, or a method); other messages follow the route's own fields. */
   mcp: z.array(mcpRuleSchema).min(1).optional(),
+  /**
+   * How an MCP route answers a refused `tools/call`: a JSON-RPC error (`protocol_error`, its
+   * `error.data.code` fencegate's code), or a tool result with `isError: true` and the code in
+   * `structuredContent.code` (`tool_error`), which MCP advises for errors the model should act on.
+   */
+  mcp_refusals: mcpRefusals.default('protocol_error'),
 }).strict().superRefine((r, ctx) => {
   checkMcpRules(r, ctx)
+  if (!r.mcp && r.mcp_refusals !== 'protocol_error') ctx.addIssue({ code: 'custom', path: ['mcp_refusals'], message: 'applies to an MCP route only (one with mcp: rules)' })
   // An attestation says a fence check passed; on a route that checks none it would say nothing.
   if (typeof r.upstream?.origin === 'string') checkUpstreamTls(r.upstream_tls, r.upstream.origin, ctx)
   if (r.attest && r.fence === 'off') ctx.addIssue({ code: 'custom', path: ['attest'], message: 'attest needs a fence check: set fence to required, optional or lease' })

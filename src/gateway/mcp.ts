@@ -40,6 +40,8 @@ export interface McpMessage {
 
 type Message = Record<string, unknown> & { params?: Record<string, unknown> }
 
+const utf8 = new TextEncoder()
+
 /**
  * Reads an MCP route's POST and chooses its rule; records the message's id, method and tool on
  * the trace, so a refusal answers that id and logs name the tool. Refusals are audited.
@@ -50,7 +52,7 @@ export async function readMcpMessage(ctx: Pick<PipelineContext, 'store' | 'log' 
   try {
     const bytes = await request.readBody(ctx.bodyLimit)
     const fields = readBodyFields(request.headers, bytes)
-    const message = oneMessage(bytes)
+    const message = oneMessage(fields)
     const id = message.id
     trace.rpc = { id: typeof id === 'string' || (typeof id === 'number' && Number.isFinite(id)) ? id : id === undefined ? undefined : null }
     if (fields.at(['jsonrpc']) !== '2.0') throw invalid('the body is not a JSON-RPC 2.0 message ("jsonrpc": "2.0")')
@@ -62,7 +64,7 @@ export async function readMcpMessage(ctx: Pick<PipelineContext, 'store' | 'log' 
     const chosen = (name !== undefined ? route.mcp!.tools.get(name) : method !== undefined ? route.mcp!.methods.get(method) : undefined) ?? route
     trace.route = chosen
     const keyed = chosen.config.idempotency !== 'off'
-    return { route: chosen, request: withMetaHeaders(request, fields), bytes, fields, payload: keyed ? payloadOf(message, method, name) : undefined }
+    return { route: chosen, request: withMetaHeaders(request, fields, chosen.fenceArgument), bytes, fields, payload: keyed ? payloadOf(message, method, name) : undefined }
   } catch (err) {
     await auditRejection(ctx, trace, err)
     throw err
@@ -73,14 +75,11 @@ function invalid(detail: string): FencegateError {
   return new FencegateError('invalid_request', detail)
 }
 
-/** The body as one JSON object; a batch or any other JSON value is refused (the strict reading already passed). */
-function oneMessage(bytes: Uint8Array): Message {
-  let root: unknown
-  try {
-    root = JSON.parse(new TextDecoder().decode(bytes))
-  } catch {
-    throw invalid('an MCP route takes one JSON-RPC message as JSON')
-  }
+/** The body as one JSON object, from the strict reading's parse; a batch or any other JSON value is refused. */
+function oneMessage(fields: BodyFields): Message {
+  const root = fields.json
+  // No JSON value: an empty body, or a form (the reading refuses a form that is JSON).
+  if (root === undefined) throw invalid('an MCP route takes one JSON-RPC message as JSON')
   if (Array.isArray(root)) throw invalid('a JSON-RPC batch is not forwarded: each message is decided by its own rule, so send them one by one')
   if (root === null || typeof root !== 'object') throw invalid('the body is not one JSON-RPC message (a JSON object)')
   return root as Message
@@ -117,16 +116,11 @@ function decodeParamValue(value: string): string | undefined {
   }
 }
 
-/** The request with `_meta`'s fence and key as the headers the steps read; a header saying otherwise is refused. */
-function withMetaHeaders(request: Inbound, fields: BodyFields): Inbound {
+/** The request with `_meta`'s fence and key (or a fence argument's) as the headers the steps read; a header saying otherwise is refused. */
+function withMetaHeaders(request: Inbound, fields: BodyFields, fenceArgument: string | undefined): Inbound {
   const extra: Record<string, string> = {}
-  const fence = fields.at(['params', '_meta', metaFence])
-  if (fence !== undefined) {
-    const read = parseFenceIn(fence)
-    const header = parseFence(request.headers.get(fenceHeader))
-    if (header !== undefined && header !== read) throw new FencegateError('invalid_fence', `X-Execution-Fence (${header}) and params._meta["${metaFence}"] (${read}) name different fences`)
-    extra[fenceHeader] = read
-  }
+  const fence = bodyFence(request.headers, fields, fenceArgument)
+  if (fence !== undefined) extra[fenceHeader] = fence
   const key = fields.at(['params', '_meta', metaKey])
   if (key !== undefined) {
     const read = parseIdempotencyKey(keyHeaderValue(key), `params._meta["${metaKey}"]`)!
@@ -139,11 +133,42 @@ function withMetaHeaders(request: Inbound, fields: BodyFields): Inbound {
   return { method: request.method, url: request.url, headers, readBody: (l) => request.readBody(l), passBody: (l) => request.passBody(l), get signal() { return request.signal } }
 }
 
-function parseFenceIn(value: string): string {
+/**
+ * The fence the body presents, in `_meta` or in the rule's fence argument, checked against
+ * every other place it may be: each fence presented must be the same one (`invalid_fence`), and
+ * an `Mcp-Param-Fence` header, which mirrors the argument on 2026-07-28, must say what the body
+ * says (`invalid_request`): a mirrored header is never read where the body contradicts it.
+ */
+function bodyFence(headers: HeaderView, fields: BodyFields, fenceArgument: string | undefined): string | undefined {
+  const argument = fenceArgument === undefined ? undefined : fields.at(['params', 'arguments', fenceArgument])
+  if (fenceArgument !== undefined) {
+    const mirrored = headers.get(mirroredFenceHeader)
+    if (mirrored !== null && decodeParamValue(mirrored) !== argument) {
+      throw invalid(`${mirroredFenceHeader} says ${JSON.stringify(mirrored)}, which is not the body's params.arguments.${fenceArgument} (${JSON.stringify(argument ?? null)})`)
+    }
+  }
+  const meta = fields.at(['params', '_meta', metaFence])
+  // No fence in the body: the header alone is read by the fence step, as on other routes.
+  if (meta === undefined && argument === undefined) return undefined
+  const presented: [string, string][] = []
+  const header = parseFence(headers.get(fenceHeader))
+  if (header !== undefined) presented.push(['X-Execution-Fence', header])
+  if (meta !== undefined) presented.push([`params._meta["${metaFence}"]`, parseFenceIn(meta, `params._meta["${metaFence}"]`)])
+  if (argument !== undefined) presented.push([`params.arguments.${fenceArgument}`, parseFenceIn(argument, `params.arguments.${fenceArgument}`)])
+  const [first, ...rest] = presented as [[string, string], ...[string, string][]]
+  const other = rest.find(([, f]) => f !== first[1])
+  if (other) throw new FencegateError('invalid_fence', `${first[0]} (${first[1]}) and ${other[0]} (${other[1]}) name different fences`)
+  return first[1]
+}
+
+/** The header the 2.x SDK mirrors an argument declared `"x-mcp-header": "Fence"` in (SEP-2243, 2026-07-28). */
+export const mirroredFenceHeader = 'mcp-param-fence'
+
+function parseFenceIn(value: string, where: string): string {
   try {
     return parseFence(value)!
   } catch {
-    throw new FencegateError('invalid_fence', `params._meta["${metaFence}"] must be exactly one decimal integer between 0 and 9223372036854775807`)
+    throw new FencegateError('invalid_fence', `${where} must be exactly one decimal integer between 0 and 9223372036854775807`)
   }
 }
 
@@ -162,7 +187,7 @@ function overlay(view: HeaderView, extra: Record<string, string>): HeaderView {
 
 function payloadOf(message: Message, method: string | undefined, name: string | undefined): Uint8Array {
   const { _meta: _ignored, ...params } = message.params ?? {}
-  return new TextEncoder().encode(`mcp\n${method ?? ''}\n${name ?? ''}\n${JSON.stringify(params)}`)
+  return utf8.encode(`mcp\n${method ?? ''}\n${name ?? ''}\n${JSON.stringify(params)}`)
 }
 
 /**

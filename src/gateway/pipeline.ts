@@ -2,6 +2,7 @@ import type { Answer } from '../http/exchange.js'
 import type { Logger } from '../observe/log.js'
 import { requireScopes } from '../http/identity.js'
 import { refuseMethodOverride } from '../http/method-override.js'
+import { resultTypeRequired } from '../http/jsonrpc.js'
 import { durabilityProblem, FencegateError, problemAnswer, storeUnavailable, type ProblemRendering } from '../http/problems.js'
 import type { RuleSet } from '../rules/registry.js'
 import { StoreError, storeCode } from '../store/db.js'
@@ -123,7 +124,10 @@ function replayed(ctx: PipelineContext, request: Inbound, replay: Answer, trace:
  */
 function renderingOf(request: Inbound, trace: Trace): ProblemRendering {
   const route = trace.route
-  if (route?.answers === 'jsonrpc' && !(trace.rpc && trace.rpc.id === undefined)) return { jsonrpc: { id: trace.rpc?.id ?? null } }
+  if (route?.answers === 'jsonrpc' && !(trace.rpc && trace.rpc.id === undefined)) {
+    const toolError = route.config.mcp_refusals === 'tool_error' && trace.rpc?.method === 'tools/call' && trace.rpc.name !== undefined
+    return { jsonrpc: { id: trace.rpc?.id ?? null, ...(toolError ? { toolError: { resultType: resultTypeRequired(request.headers.get('mcp-protocol-version')) } } : {}) } }
+  }
   return { envelope: route?.config.error_envelope, accept: request.headers.get('accept') }
 }
 

@@ -25,6 +25,8 @@ export interface Route {
   answers: 'problem' | 'jsonrpc'
   /** An MCP route's rules, each compiled once into the Route its messages are decided by (src/gateway/mcp.ts). */
   mcp?: McpRoutes
+  /** A tool's rule: the argument that carries the fence (`fence_argument`). */
+  fenceArgument?: string
 }
 
 /** The Routes of an MCP route's messages: per tool of `tools/call`, per other method, and its GET and DELETE. */
@@ -68,6 +70,7 @@ function compileMcpRoutes(config: RouteConfig): McpRoutes {
   const methods = new Map<string, Route>()
   for (const rule of config.mcp ?? []) {
     const compiled = compileRoute(mcpRuleConfig(config, rule), 'jsonrpc')
+    if (rule.fence_argument !== undefined) compiled.fenceArgument = rule.fence_argument
     if (rule.tool !== undefined) tools.set(rule.tool, compiled)
     else methods.set(rule.method!, compiled)
   }

@@ -22,9 +22,18 @@ export interface BodyFields {
    * (`TENANT_ID` for `tenant_id`), which Go's and ASP.NET's readers take for it.
    */
   at(path: readonly string[]): string | undefined
+  /**
+   * The parsed JSON value of a JSON body, for a reader that needs its shape (is it one object,
+   * is a member a string) rather than a field's text: the MCP seam (src/gateway/mcp.ts), which
+   * so parses the body once. Undefined for a form and for an empty body. The strict reading's
+   * checks hold for it (UTF-8, RFC 8259, no key twice); it is read-only by convention.
+   */
+  readonly json?: unknown
 }
 
 const nothing: BodyFields = { at: () => undefined }
+// Reused: a fatal decoder keeps no state between whole (non-streaming) decodes.
+const utf8 = new TextDecoder('utf-8', { fatal: true })
 
 /**
  * Reads a body's fields for a route's decision, or refuses it.
@@ -37,7 +46,7 @@ export function readBodyFields(headers: HeaderView, bytes: Uint8Array): BodyFiel
   refuseUnreadableFraming(headers.get('content-encoding'), type)
   let text: string
   try {
-    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
+    text = utf8.decode(bytes)
   } catch {
     throw unreadable('the body is not UTF-8')
   }
@@ -65,6 +74,7 @@ function jsonFields(text: string): BodyFields {
   }
   const noncanonical = scanJson(text)
   return {
+    json: root,
     at(path) {
       const node = walk(root, path)
       if (typeof node === 'number') {

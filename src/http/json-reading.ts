@@ -42,10 +42,17 @@ export function scanJson(text: string): Set<string> {
       }
       i = end
     } else if (c === 0x2d || (c >= 0x30 && c <= 0x39)) {
+      // JSON.parse accepted the text, so the number is well formed: it is a plain integer
+      // unless it has a fraction or an exponent, or is -0.
       let end = i + 1
-      while (end < text.length && /[0-9eE.+-]/.test(text[end]!)) end++
-      const token = text.slice(i, end)
-      if (token === '-0' || !/^-?(0|[1-9][0-9]*)$/.test(token)) noncanonical.add(pathKey(stack.map((f) => (f.keys ? f.key : String(f.index)))))
+      let plain = true
+      for (; end < text.length; end++) {
+        const d = text.charCodeAt(end)
+        if (d >= 0x30 && d <= 0x39) continue
+        if (d !== 0x2e && d !== 0x65 && d !== 0x45 && d !== 0x2b && d !== 0x2d) break
+        plain = false
+      }
+      if (!plain || (c === 0x2d && end === i + 2 && text.charCodeAt(i + 1) === 0x30)) noncanonical.add(pathKey(stack.map((f) => (f.keys ? f.key : String(f.index)))))
       i = end - 1
     }
   }

@@ -19,11 +19,13 @@ export type RpcId = string | number | null
  * @example rpcErrorCode('stale_fence') // -32080
  */
 export function rpcErrorCode(code: string): number {
-  if (invalidRequest.has(code)) return -32600
+  if (invalidRequest.has(code)) return invalidRequestCode
   if (invalidParams.has(code)) return -32602
   return fencegateRefusal
 }
 
+/** JSON-RPC's Invalid Request: a message that cannot be read or is not one request. */
+export const invalidRequestCode = -32600
 /** The `error.code` of fencegate's decisions about well-formed messages. */
 export const fencegateRefusal = -32080
 const invalidRequest = new Set(['invalid_request', 'unreadable_body', 'unsupported_media_type', 'body_too_large'])
@@ -47,6 +49,31 @@ export interface RpcProblem {
  */
 export function rpcErrorBody(id: RpcId, p: RpcProblem): string {
   return JSON.stringify({ jsonrpc: '2.0', id, error: { code: rpcErrorCode(p.code), message: `${p.code}: ${p.detail}`, data: p.members } })
+}
+
+/**
+ * A refused `tools/call` as a tool result (`mcp_refusals: tool_error`): `isError: true`, the
+ * code and detail as text for the model, the problem's members (fencegate's `code` among them)
+ * as `structuredContent`. `resultType: "complete"` is added on protocol 2026-07-28 and later,
+ * whose clients reject a result without it; earlier protocols' results have none.
+ *
+ * @example
+ * rpcToolErrorBody(7, { code: 'stale_fence', detail: 'fence 3 is lower than 5', members }, false)
+ * // {"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"stale_fence: ..."}],"structuredContent":{...},"isError":true}}
+ */
+export function rpcToolErrorBody(id: Exclude<RpcId, null>, p: RpcProblem, resultType: boolean): string {
+  const result = { content: [{ type: 'text', text: `${p.code}: ${p.detail}` }], structuredContent: p.members, isError: true, ...(resultType ? { resultType: 'complete' } : {}) }
+  return JSON.stringify({ jsonrpc: '2.0', id, result })
+}
+
+/**
+ * The protocol versions whose results carry `resultType` (MCP 2026-07-28 on): versions are
+ * dates, so they compare as text.
+ *
+ * @example resultTypeRequired('2026-07-28') // true
+ */
+export function resultTypeRequired(protocolVersion: string | null | undefined): boolean {
+  return typeof protocolVersion === 'string' && /^\d{4}-\d{2}-\d{2}$/.test(protocolVersion) && protocolVersion >= '2026-07-28'
 }
 
 /**

@@ -1,7 +1,7 @@
 import { toResponse, type Answer } from './exchange.js'
 import { HeaderList } from './header-list.js'
 import { envelopeMembers, problemMediaType, type ErrorEnvelope } from './envelopes.js'
-import { rpcErrorBody, type RpcId } from './jsonrpc.js'
+import { invalidRequestCode, rpcErrorBody, rpcErrorCode, rpcToolErrorBody, type RpcId } from './jsonrpc.js'
 /**
  * Every error fencegate answers with, in one place: a stable `code`, its HTTP
  * status and a title. Clients branch on `code`; titles are for people.
@@ -174,7 +174,11 @@ export interface ProblemRendering {
   envelope?: ErrorEnvelope
   accept?: string | null
   /** The message's id: a known one is answered `200` (the refusal is the message's answer); `null` with the problem's status. */
-  jsonrpc?: { id: RpcId }
+  jsonrpc?: {
+    id: RpcId
+    /** A `tools/call` on a route with `mcp_refusals: tool_error`: refusals the model can act on are tool results; `resultType` on 2026-07-28 and later. */
+    toolError?: { resultType: boolean }
+  }
 }
 
 /**
@@ -214,7 +218,7 @@ export function problemAnswer(err: unknown, requestId?: string, how: ProblemRend
   const problem = err instanceof FencegateError ? err : new FencegateError('internal_error')
   const headers = new HeaderList(Object.entries(problem.headers))
   if (requestId) headers.set('x-request-id', requestId)
-  if (how.jsonrpc) return rpcProblemAnswer(problem, requestId, how.jsonrpc.id, headers)
+  if (how.jsonrpc) return rpcProblemAnswer(problem, requestId, how.jsonrpc, headers)
   headers.set('content-type', problemMediaType(how.accept))
   return { status: problem.status, headers, body: new TextEncoder().encode(JSON.stringify(problemBody(problem, requestId, how.envelope))) }
 }
@@ -224,9 +228,13 @@ export function problemAnswer(err: unknown, requestId?: string, how: ProblemRend
  * message's id (the SDK rejects that call with the error, its `data` the problem's members), the
  * problem's status when the id could not be read (as the SDKs' own servers answer a parse error).
  */
-function rpcProblemAnswer(problem: FencegateError, requestId: string | undefined, id: RpcId, headers: HeaderList): Answer {
+function rpcProblemAnswer(problem: FencegateError, requestId: string | undefined, how: NonNullable<ProblemRendering['jsonrpc']>, headers: HeaderList): Answer {
+  const { id, toolError } = how
   headers.set('content-type', 'application/json')
   const { error: _stripe, ...members } = problemBody(problem, requestId)
-  const body = rpcErrorBody(id, { code: problem.code, detail: problem.detail, members })
+  const p = { code: problem.code, detail: problem.detail, members }
+  // A message that is not one well-formed call stays a protocol error: no tool ran or could.
+  const asTool = toolError !== undefined && id !== null && rpcErrorCode(problem.code) !== invalidRequestCode
+  const body = asTool ? rpcToolErrorBody(id, p, toolError.resultType) : rpcErrorBody(id, p)
   return { status: id === null ? problem.status : 200, headers, body: new TextEncoder().encode(body) }
 }
