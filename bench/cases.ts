@@ -64,6 +64,10 @@ export const cases: readonly Case[] = [
   // fg-mcp it shows what reading the message as MCP costs, apart from what the MCP server's CPU
   // on the same two cores does to the gateway's batching.
   { name: 'fg-mcp-rest', label: 'the same `tools/call` through a REST route with a key (headers)', system: 'gateway', upstream: 'mcp', traffic: { path: '/rest-mcp/{id}', entity: 'spread', key: 'meta-rest' }, hand: 'hand-key', seedPath: pay },
+  // The same MCP route and calls, answered by the bench's own upstream instead of the MCP server:
+  // what the gateway's MCP route costs per call when no MCP server shares the two cores, on the
+  // upstream fg-key has, so that its gateway CPU compares with fg-key's like for like.
+  { name: 'fg-mcp-upstream', label: 'the same MCP route and calls, answered by the bench upstream (no MCP server on the cores)', system: 'gateway', traffic: { path: '/mcp-upstream', entity: 'spread', key: 'meta' }, hand: 'hand-key', p99Of: 'fg-key', seedPath: pay },
 ]
 
 export const caseNamed = (name: CaseName): Case => cases.find((c) => c.name === name)!

@@ -126,6 +126,7 @@ export function targets(results: Results, ran: readonly Case[], peakRssKiB: numb
   // The same bound against the same calls on a REST route with a key, same MCP server, same load:
   // what MCP's reading adds, without the batching the MCP server's CPU takes from the gateway.
   cpuAtMost('fg-mcp gateway CPU/call <= 1.3x fg-mcp-rest\'s', 'fg-mcp', 'fg-mcp-rest', proxyUs, 1.3)
+  cpuAtMost('fg-mcp-upstream gateway CPU/call <= 1.3x fg-key\'s (the MCP route without an MCP server on the cores)', 'fg-mcp-upstream', 'fg-key', proxyUs, 1.3)
   atLeast('fg-replay req/s >= 80% of bare-node', 'fg-replay', 'bare-node', 0.8)
   cpuAtMost('fg-replay PostgreSQL CPU/req <= hand-fence\'s', 'fg-replay', 'hand-fence', postgresUs, 1)
   // Issue 28: on this 2-core machine, two workers serve 1.25x one worker's fg-spread at no

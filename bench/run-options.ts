@@ -2,7 +2,7 @@ import { parseArgs } from 'node:util'
 import { defaultMaxConnections } from '../src/config/schema.js'
 import type { LoadGenerator } from './load.js'
 
-export const caseNames = ['nginx-proxy', 'bare-node', 'hand-fence', 'hand-hot', 'hand-key', 'fg-off', 'fg-spread', 'fg-hot', 'fg-key', 'fg-key-body', 'fg-replay', 'fg-raise', 'mcp-direct', 'fg-mcp', 'fg-mcp-rest'] as const
+export const caseNames = ['nginx-proxy', 'bare-node', 'hand-fence', 'hand-hot', 'hand-key', 'fg-off', 'fg-spread', 'fg-hot', 'fg-key', 'fg-key-body', 'fg-replay', 'fg-raise', 'mcp-direct', 'fg-mcp', 'fg-mcp-rest', 'fg-mcp-upstream'] as const
 export type CaseName = (typeof caseNames)[number]
 
 export interface BenchOptions {

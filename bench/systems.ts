@@ -73,6 +73,8 @@ export function gatewayConfig(upstream: string, port: number, adminPort: number,
       { ...route, name: 'payments-mcp', path: '/mcp', upstream: mcpUpstream, fence: 'off', mcp: [{ tool: mcpTool, entity: 'invoice:{body.params.arguments.invoice_id}', fence: 'required', idempotency: 'required' }] },
       // fg-mcp-rest: the same server behind a plain keyed route (the SDK's handler serves any path).
       { ...route, name: 'payments-mcp-rest', path: '/rest-mcp/:invoice_id', upstream: mcpUpstream, entity, fence: 'required', idempotency: 'required' },
+      // fg-mcp-upstream: the same MCP rule in front of the bench's upstream, which answers every call alike.
+      { ...route, name: 'payments-mcp-upstream', path: '/mcp-upstream', fence: 'off', mcp: [{ tool: mcpTool, entity: 'invoice:{body.params.arguments.invoice_id}', fence: 'required', idempotency: 'required' }] },
     ],
   }, null, 2)
 }

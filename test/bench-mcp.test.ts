@@ -34,6 +34,18 @@ describe('the bench report\'s MCP target', () => {
   })
 })
 
+describe('fg-mcp-upstream: the MCP route answered by the bench upstream', () => {
+  it('sends fg-mcp\'s calls to the route in front of the bench upstream, and checks its gateway CPU against fg-key\'s', () => {
+    const c = cases.find((x) => x.name === 'fg-mcp-upstream')!
+    expect([c.system, c.upstream, c.traffic]).toEqual(['gateway', undefined, { path: '/mcp-upstream', entity: 'spread', key: 'meta' }])
+    const results: Results = new Map([['fg-key', [sample(1, 400), sample(2, 500)]], ['fg-mcp-upstream', [sample(1, 480), sample(2, 700)]]])
+    // Within each round: 1.2x and 1.4x, median 1.3x.
+    expect(targets(results, cases, undefined, true).find((t) => t.target.startsWith('fg-mcp-upstream gateway CPU/call'))).toEqual({
+      target: 'fg-mcp-upstream gateway CPU/call <= 1.3x fg-key\'s (the MCP route without an MCP server on the cores)', measured: '1.30×', met: true,
+    })
+  })
+})
+
 describe('fg-mcp-rest: the same calls through a REST route with a key', () => {
   it('sends fg-mcp\'s body to /rest-mcp/<invoice>, the fence and the same key as headers', () => {
     const traffic: Traffic = { path: '/rest-mcp/{id}', entity: 'spread', key: 'meta-rest', ids: 10, replayKeys: 5, keyPrefix: 'k.', replayPrefix: 'r.', fence: '42' }
