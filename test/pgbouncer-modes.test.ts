@@ -3,7 +3,9 @@ import postgres from 'postgres'
 import { call, until } from './helpers/claim-gateway.js'
 import { pgbouncerBinary, postgresBinaries, startCluster, startPgbouncer, type Cluster, type PoolMode, type Pooler } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
-import { startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { runCli, startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { connectPostgres } from '../src/store/postgres.js'
+import { settingsNotInEffect, urlSettings } from '../src/store/url-settings.js'
 import { startKeyCountingUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
@@ -27,6 +29,15 @@ async function metric(gw: GatewayProcess, name: string): Promise<number> {
 
 interface LogLine { event: string; worker?: number; rule_version?: number; via?: string }
 const events = (gw: GatewayProcess) => gw.lines.map((l) => JSON.parse(l) as LogLine)
+
+describe('the session settings a store URL asks for', () => {
+  it('are its query parameters that are not the driver\'s, and the -c of its options', () => {
+    expect(urlSettings('postgres://db/fg')).toEqual([])
+    expect(urlSettings('postgres://h1:5432,h2:5432/fg?sslmode=require&target_session_attrs=read-write&application_name=x&max=3')).toEqual([])
+    expect(urlSettings('postgres://db/fg?statement_timeout=5s&options=-c%20synchronous_commit%3Dremote_apply%20--lock-timeout%3D1s%20-cwork_mem%3D4MB'))
+      .toEqual(['statement_timeout', 'synchronous_commit', 'lock_timeout', 'work_mem'])
+  })
+})
 
 describe.skipIf(!bin || !bouncer)('behind PgBouncer', () => {
   let cluster: Cluster
@@ -53,6 +64,9 @@ describe.skipIf(!bin || !bouncer)('behind PgBouncer', () => {
     let b: GatewayProcess
     /** `store.require_replicated` on a store without a standby. */
     let strict: GatewayProcess
+    /** This mode's database through PgBouncer. */
+    let url: string
+    let config: (server: Record<string, unknown>, store?: Record<string, unknown>) => string
     const notifies = mode === 'session'
     const capture = () => ({
       name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url,
@@ -61,8 +75,8 @@ describe.skipIf(!bin || !bouncer)('behind PgBouncer', () => {
 
     beforeAll(async () => {
       pooler = await startPgbouncer(bouncer!, cluster, { mode })
-      const url = pooler.url.replace(/\/postgres$/, `/fg_${mode}`)
-      const config = (server: Record<string, unknown>, store: Record<string, unknown> = {}) => writeConfig({
+      url = pooler.url.replace(/\/postgres$/, `/fg_${mode}`)
+      config = (server, store = {}) => writeConfig({
         server: { port: 0, admin_port: 0, ...server }, log: { level: 'info' },
         store: { pooler: mode === 'transaction' ? 'transaction' : 'none', max_connections: 16, ...store },
         job_types: [{ name: 'report', lease: '30s' }],
@@ -147,6 +161,18 @@ describe.skipIf(!bin || !bouncer)('behind PgBouncer', () => {
       const refused = await post(`${strict.dataUrl}/payments/strict/capture`, '1', { headers: { 'idempotency-key': `${mode}-strict` } })
       expect([refused.status, refused.json.code]).toEqual([503, 'store_not_replicated'])
       expect(upstream.executions.size).toBe(before)
+    })
+
+    it('refuses to start when PgBouncer drops a session setting the URL asks for, naming the setting', async () => {
+      const res = await runCli(['serve', '--config', config({}), '--database-url', `${url}?statement_timeout=5000`])
+      expect(res.code).toBe(2)
+      expect(res.stderr).toContain('store.url: the session setting statement_timeout asked for in the URL is not in effect')
+      // Straight to PostgreSQL the same URL's setting holds.
+      for (const [to, missing] of [[`${url}?statement_timeout=5000`, ['statement_timeout']], [`${cluster.url}?statement_timeout=5000`, []]] as const) {
+        const db = connectPostgres(to, { max: 1, pooler: mode === 'transaction' ? 'transaction' : 'none' })
+        expect(await settingsNotInEffect(db, to)).toEqual(missing)
+        await db.close()
+      }
     })
 
     // Last: it kills this mode's PgBouncer. Figures, not bounds: printed, and in docs/deployment.md.

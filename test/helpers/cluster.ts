@@ -160,7 +160,8 @@ export type PoolMode = 'transaction' | 'session'
  * PgBouncer in front of `cluster`, in transaction mode (each transaction may get another server
  * connection) or session mode (a client keeps its server connection: LISTEN and prepared
  * statements work, and every client connection holds a server connection, so the pool is
- * sized for every gateway's connections at once).
+ * sized for every gateway's connections at once). `statement_timeout` is among the startup
+ * parameters it drops, as an operator's `ignore_startup_parameters` might (test/pgbouncer-modes.test.ts).
  */
 export async function startPgbouncer(bin: string, cluster: Cluster, options: { mode?: PoolMode } = {}): Promise<Pooler> {
   const mode = options.mode ?? 'transaction'
@@ -173,7 +174,7 @@ export async function startPgbouncer(bin: string, cluster: Cluster, options: { m
     '[databases]', `* = host=127.0.0.1 port=${cluster.port}`,
     '[pgbouncer]', 'listen_addr = 127.0.0.1', `listen_port = ${port}`, 'unix_socket_dir =',
     'auth_type = trust', `auth_file = ${join(dir, 'users.txt')}`, `pool_mode = ${mode}`,
-    `default_pool_size = ${mode === 'session' ? 80 : 5}`, 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits',
+    `default_pool_size = ${mode === 'session' ? 80 : 5}`, 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits,statement_timeout',
   ].join('\n'))
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
   let child = await launchPgbouncer(bin, ini, url)

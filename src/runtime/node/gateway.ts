@@ -11,7 +11,7 @@ import type { Lingering } from './linger.js'
 import { listen, stop, urlOf } from './server.js'
 import { createDrain, type Drain } from './drain.js'
 import { readinessOf } from './readiness.js'
-import { storeOptions } from './store-options.js'
+import { requireUrlSettings, storeOptions } from './store-options.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -51,6 +51,7 @@ export function databaseUrlFor(config: Config, explicit: string | undefined, env
 export async function openDb(url: string | undefined, dataDir: string, options: PostgresOptions = {}): Promise<Db> {
   const db = url ? connectPostgres(url, options) : await openPglite(dataDir)
   try {
+    if (url) await requireUrlSettings(db, url)
     await migrate(db, loadMigrations())
     return db
   } catch (err) {
