@@ -167,6 +167,10 @@ describe.skipIf(!bin || !bouncer)('behind PgBouncer', () => {
       const res = await runCli(['serve', '--config', config({}), '--database-url', `${url}?statement_timeout=5000`])
       expect(res.code).toBe(2)
       expect(res.stderr).toContain('store.url: the session setting statement_timeout asked for in the URL is not in effect')
+      // One PgBouncer does not ignore, it refuses: the start fails with its code and what it means.
+      const refused = await runCli(['serve', '--config', config({}), '--database-url', `${url}?lock_timeout=1000`])
+      expect([refused.code, refused.stderr]).toEqual([1, expect.stringContaining('(08P01)') as unknown])
+      expect(refused.stderr).toContain('PgBouncer refuses a session setting given in store.url')
       // Straight to PostgreSQL the same URL's setting holds.
       for (const [to, missing] of [[`${url}?statement_timeout=5000`, ['statement_timeout']], [`${cluster.url}?statement_timeout=5000`, []]] as const) {
         const db = connectPostgres(to, { max: 1, pooler: mode === 'transaction' ? 'transaction' : 'none' })
