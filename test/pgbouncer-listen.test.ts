@@ -101,7 +101,7 @@ describe.skipIf(!bin || !bouncer)('store.listen_url behind PgBouncer in transact
       const capture = current.rules.find((r) => r.name === 'capture')!
       const started = performance.now()
       const result = await changeRule(direct, {
-        name: 'capture', rule: { ...capture, timeout_ms: 5000 + round }, changedBy: 'test', source: 'api',
+        name: 'capture', rule: { ...capture, timeout_ms: 6000 + round }, changedBy: 'test', source: 'api',
         validate: (rules) => validateRuleSet(rules, 'none', false),
       })
       const done: Partial<Record<'listen_url' | 'fallback', number>> = {}
