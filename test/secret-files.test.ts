@@ -6,6 +6,7 @@ import { issuer, audience, token } from './helpers/tokens.js'
 import { stringify } from 'yaml'
 import { loadConfigFile, loadConfigText } from '../src/config/load.js'
 import { ConfigError } from '../src/config/schema.js'
+import { postgresBinaries, startCluster, type Cluster } from './helpers/cluster.js'
 import { post, route } from './helpers/gateway.js'
 import { runCli, startGatewayProcess, tempDir, type GatewayProcess } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
@@ -170,5 +171,46 @@ describe('fencegate serve on SIGHUP', () => {
     expect(seen).toEqual(['key_ONE_7c1', 'key_TWO_9d4', 'key_TWO_9d4'])
     await gw.stop()
     for (const value of ['key_ONE_7c1', 'key_TWO_9d4', '1'.repeat(40), '2'.repeat(40)]) expect(gw.lines.join('\n')).not.toContain(value)
+  }, 120_000)
+})
+
+const bin = postgresBinaries()
+
+describe.skipIf(!bin)('fencegate serve --workers 2 on SIGHUP', () => {
+  let cluster: Cluster
+  let upstream: TestUpstream | undefined
+  let gw: GatewayProcess | undefined
+  afterAll(async () => {
+    await gw?.stop()
+    await upstream?.close()
+    cluster?.destroy()
+  })
+
+  it('passes SIGHUP to each worker, and every worker sends the rotated key', async () => {
+    cluster = await startCluster(bin!)
+    const seen: string[] = []
+    upstream = await startUpstream((req, res) => {
+      seen.push(String(req.headers['x-api-key']))
+      res.end('{}')
+    })
+    const apiKey = secret('workers-api-key', 'key_A_51\n')
+    const file = configFile({
+      server: { port: 0, admin_port: 0, drain_delay: 0, workers: 2 }, store: { max_connections: 8 },
+      routes: [route(upstream.url, { upstream_headers: { 'X-Api-Key': `\${file:${apiKey}}` } })],
+    })
+    gw = await startGatewayProcess(['--config', file, '--database-url', cluster.url])
+    const events = () => gw!.lines.map((l) => JSON.parse(l) as { event: string; worker?: number })
+    await until('both workers listening', () => events().filter((e) => e.event === 'listening').length === 2, 60_000)
+    writeFileSync(apiKey, 'key_B_62\n')
+    gw.child.kill('SIGHUP')
+    await until('both workers reloaded', () => events().filter((e) => e.event === 'secrets_reloaded').length === 2, 60_000)
+    expect(new Set(events().filter((e) => e.event === 'secrets_reloaded').map((e) => e.worker))).toEqual(new Set([0, 1]))
+    // New connections each, so both workers serve some: every one sends the new key.
+    const from = gw.lines.length
+    const answers = await Promise.all(Array.from({ length: 20 }, (_, i) => post(`${gw!.dataUrl}/payments/w${i}/capture`, '1', { headers: { connection: 'close' } })))
+    expect(answers.map((a) => a.status)).toEqual(answers.map(() => 200))
+    expect(new Set(seen)).toEqual(new Set(['key_B_62']))
+    const servedBy = new Set(gw.lines.slice(from).map((l) => JSON.parse(l) as { event: string; worker?: number }).filter((e) => e.event === 'request').map((e) => e.worker))
+    expect(servedBy).toEqual(new Set([0, 1]))
   }, 120_000)
 })
