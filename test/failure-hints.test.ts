@@ -7,6 +7,7 @@ import { runCli } from './helpers/process.js'
 /** A store failure at start says what it most likely means, after its code. */
 describe('storeFailureHint', () => {
   it.each([
+    ['08P01', undefined, /PgBouncer refuses a session setting given in store\.url/],
     ['25006', undefined, /read-only.*target_session_attrs/],
     ['3D000', undefined, /database .* does not exist/],
     ['28P01', undefined, /password/],

@@ -91,4 +91,41 @@ describe.skipIf(!bin || !bouncer)('store.listen_url behind PgBouncer in transact
     expect([await metric(polling, 'fencegate_job_listen_active'), await wakes(polling, 'notified')]).toEqual([0, 0])
     expect(await wakes(polling, 'fallback_poll')).toBeGreaterThanOrEqual(1)
   })
+
+  // Figures for docs/deployment.md#pgbouncer, printed, not asserted: how long a rule change
+  // takes to be used, and a waiting claim to get a job started elsewhere, with and without.
+  it('measures a rule change and a waiting claim with listen_url and without', async () => {
+    const figures: Record<string, number[]> = { 'rule change, listen_url': [], 'rule change, fallback': [], 'waiting claim, listen_url': [], 'waiting claim, fallback': [] }
+    for (let round = 0; round < 5; round++) {
+      const current = await readRules(direct)
+      const capture = current.rules.find((r) => r.name === 'capture')!
+      const started = performance.now()
+      const result = await changeRule(direct, {
+        name: 'capture', rule: { ...capture, timeout_ms: 6000 + round }, changedBy: 'test', source: 'api',
+        validate: (rules) => validateRuleSet(rules, 'none', false),
+      })
+      const done: Partial<Record<'listen_url' | 'fallback', number>> = {}
+      const loaded = (gw: GatewayProcess) => gw.lines.some((l) => l.includes('"rules_loaded"') && (JSON.parse(l) as { rule_version?: number }).rule_version === result.version)
+      await until('both gateways load the change', () => {
+        if (done.listen_url === undefined && loaded(listening)) done.listen_url = performance.now() - started
+        if (done.fallback === undefined && loaded(polling)) done.fallback = performance.now() - started
+        return done.listen_url !== undefined && done.fallback !== undefined
+      })
+      figures['rule change, listen_url']!.push(done.listen_url!)
+      figures['rule change, fallback']!.push(done.fallback!)
+      for (const [gw, label] of [[listening, 'listen_url'], [polling, 'fallback']] as const) {
+        const claim = call(`${gw.dataUrl}/_fencegate/jobs/claim`, { worker_id: `m-${label}`, types: ['report'], wait: 20 })
+        await until('the claim waits', async () => (await metric(gw, 'fencegate_job_claims_waiting')) === 1)
+        const at = performance.now()
+        expect((await call(`${gw.dataUrl}/_fencegate/jobs`, { type: 'report', key: `m-${label}-${round}` })).status).toBe(201)
+        expect((await claim).status).toBe(200)
+        figures[`waiting claim, ${label}`]!.push(performance.now() - at)
+      }
+    }
+    const summary = Object.entries(figures).map(([what, ms]) => {
+      const sorted = [...ms].sort((x, y) => x - y)
+      return `${what}: median ${sorted[2]!.toFixed(0)} ms, max ${sorted[4]!.toFixed(0)} ms`
+    })
+    console.info(`behind PgBouncer in transaction mode, 5 rounds: ${summary.join('; ')}`)
+  }, 120_000)
 })

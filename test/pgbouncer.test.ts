@@ -1,18 +1,21 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { pgbouncerBinary, postgresBinaries, startCluster, startPgbouncer, type Cluster, type Pooler } from './helpers/cluster.js'
+import { pgbouncerBinary, postgresBinaries, startCluster, startPgbouncer, type Cluster, type PoolMode, type Pooler } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
 import { startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
  * Behind PgBouncer in transaction mode (each transaction may run on another server
- * connection), with `store.pooler: transaction`: two gateways still execute each key
- * once, refuse stale fences and audit them. Needs initdb/pg_ctl and Debian's pgbouncer.
+ * connection), with `store.pooler: transaction`, and in session mode (no setting needed): two
+ * gateways still execute each key once, refuse stale fences and audit them. Needs
+ * initdb/pg_ctl and Debian's pgbouncer. The job API, rules and durability in both modes:
+ * test/pgbouncer-modes.test.ts.
  */
 const bin = postgresBinaries()
 const bouncer = pgbouncerBinary()
+if (!bin || !bouncer) console.warn('two gateways behind PgBouncer: skipped (needs initdb/pg_ctl and Debian\'s pgbouncer)')
 
-describe.skipIf(!bin || !bouncer)('two gateways behind PgBouncer in transaction mode', () => {
+describe.skipIf(!bin || !bouncer).each<PoolMode>(['transaction', 'session'])('two gateways behind PgBouncer in %s mode', (mode) => {
   let cluster: Cluster
   let pooler: Pooler
   let upstream: TestUpstream
@@ -21,7 +24,7 @@ describe.skipIf(!bin || !bouncer)('two gateways behind PgBouncer in transaction 
 
   beforeAll(async () => {
     cluster = await startCluster(bin!)
-    pooler = await startPgbouncer(bouncer!, cluster)
+    pooler = await startPgbouncer(bouncer!, cluster, { mode })
     upstream = await startUpstream((req, res) => {
       const key = String(req.headers['idempotency-key'])
       executions.set(key, (executions.get(key) ?? 0) + 1)
@@ -30,7 +33,7 @@ describe.skipIf(!bin || !bouncer)('two gateways behind PgBouncer in transaction 
     })
     const config = writeConfig({
       server: { port: 0, admin_port: 0 },
-      store: { pooler: 'transaction' },
+      store: { pooler: mode === 'transaction' ? 'transaction' : 'none' },
       routes: [{
         name: 'capture', method: 'POST', path: '/payments/:id/capture', upstream: upstream.url,
         entity: 'invoice:{params.id}', fence: 'required', idempotency: 'required', idempotency_wait: '5s',

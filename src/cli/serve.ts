@@ -1,5 +1,5 @@
 import cluster from 'node:cluster'
-import { loadConfigFile } from '../config/load.js'
+import { openConfigFile, type ConfigSource } from '../config/load.js'
 import { ConfigError, type Config } from '../config/schema.js'
 import { clusterWorker } from '../runtime/node/cluster-worker.js'
 import { databaseUrlFor, startGateway, type RunningGateway } from '../runtime/node/gateway.js'
@@ -7,6 +7,7 @@ import { drainDelay } from '../runtime/node/drain.js'
 import type { Logger } from '../observe/log.js'
 import { superviseWorkers } from '../runtime/node/supervisor.js'
 import { loadUpstreamTls } from '../runtime/node/upstream-tls.js'
+import { reloadProblems } from '../runtime/node/secrets-reload.js'
 import { workerCount, workerPool } from '../runtime/node/workers.js'
 import { createPinoLogger } from '../runtime/node/log.js'
 import { installProcessPolicy } from '../runtime/node/process-policy.js'
@@ -16,13 +17,8 @@ import { portFlag, stringFlag, UsageError, type Flags } from './usage.js'
 
 /** `fencegate serve`: runs until SIGINT or SIGTERM, then drains and exits. */
 export async function runServe(flags: Flags): Promise<number> {
-  const config = loadConfigFile(stringFlag(flags, 'config') ?? 'fencegate.yaml', process.env)
-  const port = portFlag(flags, 'port')
-  const adminPort = portFlag(flags, 'admin-port')
-  if (port !== undefined) config.server.port = port
-  if (adminPort !== undefined) config.server.admin_port = adminPort
-  const dataDir = stringFlag(flags, 'data-dir')
-  if (dataDir !== undefined) config.store.data_dir = dataDir
+  const source = withFlags(openConfigFile(stringFlag(flags, 'config') ?? 'fencegate.yaml', process.env), flags)
+  const config = source.load()
   const databaseUrl = databaseUrlFor(config, stringFlag(flags, 'database-url'), process.env)
   const workers = workerCount(workersFlag(flags) ?? config.server.workers)
   // The OTEL_* variables, read once and before any worker starts (docs/operations.md#traces): a value that cannot be used stops the start.
@@ -44,8 +40,9 @@ export async function runServe(flags: Flags): Promise<number> {
   })
   process.on('SIGINT', shutdown)
   process.on('SIGTERM', shutdown)
-  // SIGHUP reads the upstream_tls files again (rotated certificates); before the gateway is up
-  // there is nothing to reload, and the default (ending the process) must not apply either.
+  // SIGHUP reads the upstream_tls files and the `${file:…}` secrets again (rotated certificates
+  // and credentials); before the gateway is up there is nothing to reload, and the default
+  // (ending the process) must not apply either.
   let reload = () => {}
   const onHangup = () => reload()
   process.on('SIGHUP', onHangup)
@@ -63,7 +60,10 @@ export async function runServe(flags: Flags): Promise<number> {
     throw err
   }
   worker?.ready()
-  reload = () => void gateway.reloadUpstreamTls()
+  reload = () => {
+    gateway.reloadUpstreamTls()
+    void reloadSecrets(source, gateway, log)
+  }
   const signal = await stopRequested
   process.off('SIGHUP', onHangup)
   await drainThenClose(gateway, signal === 'SIGTERM' ? config.server.drain_delay : 0, log)
@@ -76,6 +76,22 @@ export async function runServe(flags: Flags): Promise<number> {
 }
 
 /**
+ * SIGHUP's secrets: the configuration loaded again, every `${file:…}` read anew. A file that
+ * cannot be read (or a value that no longer validates) changes nothing: the error names the
+ * field and the path, never a value, and the secrets in use stay.
+ */
+async function reloadSecrets(source: ConfigSource, gateway: RunningGateway, log: Logger): Promise<void> {
+  let reread: Config
+  try {
+    reread = source.load()
+  } catch (err) {
+    log.error('config_reload_failed', { problems: reloadProblems(err) })
+    return
+  }
+  await gateway.reloadSecrets(reread)
+}
+
+/**
  * SIGTERM (an orchestrator's stop: Kubernetes, Docker, systemd) fails readiness at once and keeps
  * serving for `server.drain_delay` before the drain; SIGINT (an operator at a terminal) and a
  * lost supervisor drain at once (docs/deployment.md#rolling-update).
@@ -85,6 +101,22 @@ async function drainThenClose(gateway: RunningGateway, delayMs: number, log: Log
   log.info('draining', { drain_delay_ms: delayMs })
   if (delayMs > 0) await drainDelay(delayMs)
   await gateway.close()
+}
+
+/** The flags that override the file's settings, applied on every load (at start and on SIGHUP). */
+function withFlags(source: ConfigSource, flags: Flags): ConfigSource {
+  const port = portFlag(flags, 'port')
+  const adminPort = portFlag(flags, 'admin-port')
+  const dataDir = stringFlag(flags, 'data-dir')
+  return {
+    load() {
+      const config = source.load()
+      if (port !== undefined) config.server.port = port
+      if (adminPort !== undefined) config.server.admin_port = adminPort
+      if (dataDir !== undefined) config.store.data_dir = dataDir
+      return config
+    },
+  }
 }
 
 /** `--workers N` or `--workers auto` (overrides server.workers). */

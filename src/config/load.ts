@@ -13,12 +13,33 @@ export { loadConfigText } from './text.js'
  * const config = loadConfigFile('fencegate.yaml', process.env)
  */
 export function loadConfigFile(path: string, env: Record<string, string | undefined>): Config {
+  return openConfigFile(path, env).load()
+}
+
+/** A configuration file read once, whose `${file:…}` secrets are read each time it is loaded. */
+export interface ConfigSource {
+  /** Expands and validates the text read at start, reading its secret files now; throws a ConfigError naming each bad field. */
+  load(): Config
+}
+
+/**
+ * Reads the configuration file's text once; `load` reads its `${file:…}` secrets anew each
+ * time (at start, and on SIGHUP: a rotated Kubernetes Secret or systemd credential). The YAML
+ * itself is not read again: its variables and everything else stay what they were at start.
+ *
+ * @example
+ * const source = openConfigFile('fencegate.yaml', process.env)
+ * const config = source.load()
+ * process.on('SIGHUP', () => useSecrets(source.load()))
+ */
+export function openConfigFile(path: string, env: Record<string, string | undefined>): ConfigSource {
   let text: string
   try {
     text = readFileSync(path, 'utf8')
   } catch (err) {
     throw new ConfigError([`${path}: cannot read (${(err as NodeJS.ErrnoException).code ?? 'error'})`])
   }
-  // `${file:…}` is read here, at start, like the file itself (src/config/expand.ts).
-  return loadConfigText(text, env, path, (file) => readFileSync(file, 'utf8'))
+  // The variables as they were at start: SIGHUP re-reads files, not the environment.
+  const atStart = { ...env }
+  return { load: () => loadConfigText(text, atStart, path, (file) => readFileSync(file, 'utf8')) }
 }

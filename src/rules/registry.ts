@@ -66,6 +66,18 @@ export interface RuleRegistry extends RuleSource {
   close(): Promise<void>
 }
 
+/** The registry a process keeps: it follows the database, and takes the file's credentials again on SIGHUP. */
+export interface FollowedRuleRegistry extends RuleRegistry {
+  /**
+   * Uses `credentials` (the file's upstream headers, read again with their `${file:…}`
+   * secrets) from now on, for the rule set in use and every one loaded after it.
+   *
+   * @example
+   * registry.useCredentials(credentialsOf(reread))
+   */
+  useCredentials(credentials: ReadonlyMap<string, UpstreamCredentials>): void
+}
+
 export interface RegistryOptions {
   db: Db
   config: Config
@@ -85,9 +97,9 @@ export interface RegistryOptions {
  * const rules = await startRuleRegistry({ db, config, log })
  * const app = createApp({ config, store, forward, rules })
  */
-export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistry> {
+export async function startRuleRegistry(o: RegistryOptions): Promise<FollowedRuleRegistry> {
   const { db, config, log } = o
-  const credentials = credentialsOf(config)
+  let credentials: ReadonlyMap<string, UpstreamCredentials> = credentialsOf(config)
   const validate = (rules: RawRule[]) => validateRuleSet(rules, config.auth.mode, config.attestation !== undefined)
   const seeded = await seedRules(db, rulesOfConfig(config), validate)
   if (seeded.length > 0) log.info('rules_seeded', { names: seeded.join(','), count: seeded.length })
@@ -107,6 +119,10 @@ export async function startRuleRegistry(o: RegistryOptions): Promise<RuleRegistr
       return result
     },
     refresh: () => rules.reload('refresh'),
+    useCredentials(next) {
+      credentials = next
+      rules.set = compileRuleSet(rules.set.version, validate(rules.set.raw), rules.set.raw, credentials)
+    },
     close: stopFollowing,
   }
 }

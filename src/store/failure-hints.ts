@@ -6,6 +6,8 @@ import type { StoreError } from './db.js'
  * code: "store failure (25006)" alone did not say that the host was a standby.
  */
 const hints: Readonly<Record<string, string>> = {
+  // PgBouncer's answer to a startup parameter it does not pass on ("unsupported startup parameter").
+  '08P01': 'the server or a pooler in front of it refused the connection\'s startup: PgBouncer refuses a session setting given in store.url (?statement_timeout=...) unless it is in its ignore_startup_parameters; set the setting for the role instead (ALTER ROLE ... SET)',
   '25006': 'the node is read-only (a hot standby, or default_transaction_read_only is on): list the primary in store.url, or with several hosts add target_session_attrs=read-write or primary (any takes the first host that answers)',
   '3D000': 'the database named in store.url does not exist',
   '28P01': 'the server refused the password of the user in store.url',

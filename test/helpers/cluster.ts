@@ -1,5 +1,5 @@
 import { execFileSync, spawnSync } from 'node:child_process'
-import { spawn } from 'node:child_process'
+import { spawn, type ChildProcess } from 'node:child_process'
 import { chmodSync, existsSync, mkdtempSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -145,49 +145,74 @@ export function pgbouncerBinary(): string | undefined {
 
 export interface Pooler {
   url: string
+  /** PgBouncer's pool mode. */
+  mode: PoolMode
+  /** SIGKILL to PgBouncer itself (a crash: every client and server connection cut at once); resolves once it is gone. */
+  kill(): Promise<void>
+  /** Starts it again on the same port after `kill`; resolves once it answers a query. */
+  restart(): Promise<void>
   stop(): Promise<void>
 }
 
-/** PgBouncer in transaction mode in front of `cluster`: each transaction may get another server connection. */
-export async function startPgbouncer(bin: string, cluster: Cluster): Promise<Pooler> {
+export type PoolMode = 'transaction' | 'session'
+
+/**
+ * PgBouncer in front of `cluster`, in transaction mode (each transaction may get another server
+ * connection) or session mode (a client keeps its server connection: LISTEN and prepared
+ * statements work, and every client connection holds a server connection, so the pool is
+ * sized for every gateway's connections at once). `statement_timeout` is among the startup
+ * parameters it drops, as an operator's `ignore_startup_parameters` might (test/pgbouncer-modes.test.ts).
+ */
+export async function startPgbouncer(bin: string, cluster: Cluster, options: { mode?: PoolMode } = {}): Promise<Pooler> {
+  const mode = options.mode ?? 'transaction'
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-pgbouncer-'))
   chmodSync(dir, 0o777)
   const port = await freePort()
+  const ini = join(dir, 'pgbouncer.ini')
   writeFileSync(join(dir, 'users.txt'), '"postgres" ""\n')
-  writeFileSync(join(dir, 'pgbouncer.ini'), [
+  writeFileSync(ini, [
     '[databases]', `* = host=127.0.0.1 port=${cluster.port}`,
     '[pgbouncer]', 'listen_addr = 127.0.0.1', `listen_port = ${port}`, 'unix_socket_dir =',
-    'auth_type = trust', `auth_file = ${join(dir, 'users.txt')}`, 'pool_mode = transaction',
-    'default_pool_size = 5', 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits',
+    'auth_type = trust', `auth_file = ${join(dir, 'users.txt')}`, `pool_mode = ${mode}`,
+    `default_pool_size = ${mode === 'session' ? 80 : 5}`, 'max_client_conn = 200', 'ignore_startup_parameters = application_name,extra_float_digits,statement_timeout',
   ].join('\n'))
-  const [cmd, argv] = asPostgres(bin, [join(dir, 'pgbouncer.ini')])
-  const child = spawn(cmd, argv, { stdio: 'ignore' })
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`
-  // Ready once it accepts a query (bounded: 100 tries).
+  let child = await launchPgbouncer(bin, ini, url)
+  // The signal goes to pgbouncer itself (by its config path), not to runuser, which may not pass it on.
+  const signal = (name: 'TERM' | 'KILL') => new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolve()
+    child.once('exit', () => resolve())
+    spawnSync('pkill', [`-${name}`, '-f', ini])
+  })
+  return {
+    url,
+    mode,
+    kill: () => signal('KILL'),
+    async restart() {
+      child = await launchPgbouncer(bin, ini, url)
+    },
+    // SIGINT would wait for every client to leave; SIGTERM ends it at once.
+    stop: async () => {
+      await signal('TERM')
+      rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+/** Starts PgBouncer with `ini`; resolves once it answers a query at `url` (bounded: 100 tries). */
+async function launchPgbouncer(bin: string, ini: string, url: string): Promise<ChildProcess> {
+  const [cmd, argv] = asPostgres(bin, [ini])
+  const child = spawn(cmd, argv, { stdio: 'ignore' })
   for (let i = 0; ; i++) {
     const probe = postgres(url, { max: 1, prepare: false, fetch_types: false, onnotice: () => {}, connect_timeout: 1 })
     try {
       await probe`SELECT 1`
-      break
+      return child
     } catch (err) {
       if (i >= 100 || child.exitCode !== null) throw err
       await new Promise((r) => setTimeout(r, 50))
     } finally {
       await probe.end({ timeout: 1 })
     }
-  }
-  return {
-    url,
-    // SIGINT would wait for every client to leave; SIGTERM ends it at once. The signal goes to
-    // pgbouncer itself (by its config path), not to runuser, which may not pass it on.
-    stop: () => new Promise((resolve) => {
-      const done = () => {
-        rmSync(dir, { recursive: true, force: true })
-        resolve()
-      }
-      if (child.exitCode !== null || child.signalCode !== null) return done()
-      child.once('exit', done)
-      spawnSync('pkill', ['-TERM', '-f', join(dir, 'pgbouncer.ini')])
-    }),
   }
 }

@@ -11,7 +11,7 @@ import type { Lingering } from './linger.js'
 import { listen, stop, urlOf } from './server.js'
 import { createDrain, type Drain } from './drain.js'
 import { readinessOf } from './readiness.js'
-import { storeOptions } from './store-options.js'
+import { requireUrlSettings, storeOptions } from './store-options.js'
 import { guardTargets } from './target.js'
 import type { Logger } from '../../observe/log.js'
 import { instrument, readStoreGauges } from '../../observe/metrics.js'
@@ -21,6 +21,7 @@ import { createPromMetrics, type PromMetrics } from './metrics.js'
 import { createUndiciForward, type UndiciForward } from './forward.js'
 import { loadUpstreamTls } from './upstream-tls.js'
 import { readKeyMaterial, type KeyMaterial } from './key-material.js'
+import { applySecrets, switchableAuth, type SwitchableAuth } from './secrets-reload.js'
 import type { NodeTracing } from './tracing.js'
 import { nodeSha256Hex } from './hash.js'
 import { storeCode, type Db } from '../../store/db.js'
@@ -30,7 +31,7 @@ import { openPglite } from '../../store/pglite.js'
 import { connectPostgres, type PostgresOptions } from '../../store/postgres.js'
 import { createStore, type Store } from '../../store/store.js'
 import { localDurability, watchDurability, type Durability, type DurabilityPeers } from '../../store/durability.js'
-import { startRuleRegistry, type RuleRegistry } from '../../rules/registry.js'
+import { startRuleRegistry, type FollowedRuleRegistry } from '../../rules/registry.js'
 import { purgeOnce } from '../retention.js'
 import type { ClusterWorker } from './cluster-worker.js'
 import { workerPool } from './workers.js'
@@ -50,6 +51,7 @@ export function databaseUrlFor(config: Config, explicit: string | undefined, env
 export async function openDb(url: string | undefined, dataDir: string, options: PostgresOptions = {}): Promise<Db> {
   const db = url ? connectPostgres(url, options) : await openPglite(dataDir)
   try {
+    if (url) await requireUrlSettings(db, url)
     await migrate(db, loadMigrations())
     return db
   } catch (err) {
@@ -68,6 +70,8 @@ export interface RunningGateway {
    * old ones stay in use, and the problems are logged as `upstream_tls_reload_failed`.
    */
   reloadUpstreamTls(): boolean
+  /** Uses the `${file:…}` secrets of the configuration loaded again on SIGHUP (src/runtime/node/secrets-reload.ts). */
+  reloadSecrets(reread: Config): Promise<void>
   /**
    * Starts the drain (src/runtime/node/drain.ts): `/readyz` answers `503 draining` from now on,
    * and every answer closes its connection, while both planes keep serving until `close`.
@@ -107,9 +111,11 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
   const upstream = createUndiciForward({ tls: keys.upstreamTls })
   // Job completions of one turn share a statement, as idempotency completions do.
   const jobs = instrument(createJobStore(opened.db, { schedule: setImmediate, durability: opened.durability }), opened.metrics)
-  const parts: GatewayParts = { ...opened, config, log, cluster, upstream, jobs, drain: createDrain() }
+  const parts: GatewayParts = { ...opened, config, log, cluster, upstream, jobs, drain: createDrain(), auth: switchableAuth(keys.authenticate) }
   const { data, adminServer } = await listenPlanes(parts, createPlanes(parts, keys, options.tracing))
   const purge = startPurge(parts)
+  // The configuration whose secrets are in use, SIGHUP's latest.
+  let inUse = config
   const dataUrl = urlOf(data, config.server.host)
   const adminUrl = urlOf(adminServer, config.server.admin_host)
   warnSharedUpstreamKeys(config, log)
@@ -119,6 +125,9 @@ export async function startGateway(options: GatewayOptions): Promise<RunningGate
     adminUrl,
     store: opened.store,
     reloadUpstreamTls: () => reloadUpstreamTls(parts),
+    async reloadSecrets(reread) {
+      inUse = await applySecrets(inUse, reread, parts)
+    },
     beginDrain: () => parts.drain.begin(),
     async close(graceMs = 10_000) {
       clearInterval(purge)
@@ -137,7 +146,7 @@ interface OpenedStore {
   durability: Durability
   metrics: PromMetrics
   store: Store
-  rules: RuleRegistry
+  rules: FollowedRuleRegistry
 }
 
 /** Everything the planes are built from and `close` takes down. */
@@ -148,6 +157,7 @@ interface GatewayParts extends OpenedStore {
   upstream: UndiciForward
   jobs: JobStore
   drain: Drain
+  auth: SwitchableAuth
 }
 
 async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<OpenedStore> {
@@ -167,7 +177,7 @@ async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<
   // Completions of one event-loop turn share one statement: fewer commits and socket writes under load.
   cluster?.shareMetrics(metrics.registry)
   const store = instrument(createStore(db, { schedule: setImmediate, durability }), metrics)
-  let rules: RuleRegistry
+  let rules: FollowedRuleRegistry
   try {
     rules = await startRuleRegistry({ db, config, log, ...(options.rulesCheckEveryMs ? { checkEveryMs: options.rulesCheckEveryMs } : {}) })
   } catch (err) {
@@ -180,7 +190,7 @@ async function openStoreAndRules(options: GatewayOptions, log: Logger): Promise<
 /** The data plane and the admin plane, not yet listening. */
 function createPlanes(parts: GatewayParts, keys: KeyMaterial, nodeTracing: NodeTracing | undefined) {
   const { config, store, db, metrics, cluster, rules } = parts
-  const { authenticate } = keys
+  const { authenticate } = parts.auth
   const tracing = nodeTracing?.tracing ?? noTracing
   // Without auth, web pages are kept out of both planes (src/http/browser-guard.ts).
   const open = config.auth.mode === 'none'
