@@ -1,11 +1,10 @@
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { Client, ProtocolError, StreamableHTTPClientTransport } from '@modelcontextprotocol/client'
 import { createMcpHandler, McpServer } from '@modelcontextprotocol/server'
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest'
 import { z } from 'zod'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { answerWith, listenOnLoopback, readBody } from './helpers/mcp-http.js'
 import { ticketsRoute } from './helpers/mcp-ticket-server.js'
 
 // On 2026-07-28 a client cancels a call by closing its stream; the 2.x SDK's callTool does that
@@ -36,43 +35,17 @@ async function startHeldServer() {
     })
     return server
   }, { responseMode: 'sse' })
-  const http: Server = createServer(async (req, res) => {
-    const body = req.method === 'POST' ? await bytes(req) : undefined
-    const headers = new Headers()
-    for (const [name, value] of Object.entries(req.headers)) if (typeof value === 'string') headers.set(name, value)
-    // The gateway leaving the upstream request is the server's cancellation, as the SDK's own node adapter would pass it.
-    const gone = new AbortController()
-    res.on('close', () => gone.abort())
-    const answer = await handler.fetch(new Request(`http://127.0.0.1${req.url}`, { method: req.method!, headers, signal: gone.signal, ...(body ? { body: new Uint8Array(body) } : {}) }))
-    res.writeHead(answer.status, Object.fromEntries(answer.headers))
-    try {
-      if (answer.body) for await (const chunk of answer.body as unknown as AsyncIterable<Uint8Array>) res.write(chunk)
-    } catch {
-      // The stream ended because the request was cancelled.
-    }
-    res.end()
+  // The gateway leaving the upstream request is the server's cancellation.
+  const server = await listenOnLoopback(async (req, res) => answerWith(handler, req, res, req.method === 'POST' ? await readBody(req) : undefined, true), async () => {
+    for (const { release } of gates.values()) release.resolve()
+    await handler.close()
   })
-  await new Promise<void>((resolve) => http.listen(0, '127.0.0.1', resolve))
   return {
-    url: `http://127.0.0.1:${(http.address() as AddressInfo).port}`,
+    ...server,
     executions,
     started: (ticket: string) => gate(ticket).started.promise,
     release: (ticket: string) => gate(ticket).release.resolve(),
-    async close() {
-      for (const { release } of gates.values()) release.resolve()
-      await handler.close()
-      await new Promise<void>((resolve) => {
-        http.close(() => resolve())
-        http.closeAllConnections()
-      })
-    },
   }
-}
-
-async function bytes(req: IncomingMessage): Promise<Buffer> {
-  const chunks: Buffer[] = []
-  for await (const chunk of req) chunks.push(chunk as Buffer)
-  return Buffer.concat(chunks)
 }
 
 describe.each(backends())('a 2.x client that cancels a keyed call mid-stream, on $name', (backend) => {

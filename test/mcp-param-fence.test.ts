@@ -1,5 +1,3 @@
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { Client, ProtocolError, StreamableHTTPClientTransport } from '@modelcontextprotocol/client'
 import { createMcpHandler, McpServer } from '@modelcontextprotocol/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -7,6 +5,7 @@ import { z } from 'zod'
 import { parseConfig } from '../src/config/schema.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { answerWith, listenOnLoopback, readBody } from './helpers/mcp-http.js'
 import { ticketsRoute } from './helpers/mcp-ticket-server.js'
 
 // A fence given as a tool argument (`fence_argument`), which the 2.x SDK mirrors on 2026-07-28
@@ -24,35 +23,15 @@ async function startServer() {
     server.registerTool('create_ticket', { inputSchema }, async ({ ticket_id }) => ({ content: [{ type: 'text', text: `created ${ticket_id}` }] }))
     return server
   }, { responseMode: 'json' })
-  const http: Server = createServer(async (req, res) => {
-    const body = req.method === 'POST' ? await bytes(req) : undefined
+  const server = await listenOnLoopback(async (req, res) => {
+    const body = req.method === 'POST' ? await readBody(req) : undefined
     const message = body ? JSON.parse(body.toString('utf8')) as { method?: string; params?: { name: string; arguments: { ticket_id: string } } } : undefined
     if (message?.method === 'tools/call') {
       received.push({ tool: message.params!.name, ticket: message.params!.arguments.ticket_id, fence: req.headers['x-execution-fence'] as string | undefined, mirrored: req.headers['mcp-param-fence'] as string | undefined })
     }
-    const headers = new Headers()
-    for (const [name, value] of Object.entries(req.headers)) if (typeof value === 'string') headers.set(name, value)
-    const answer = await handler.fetch(new Request(`http://127.0.0.1${req.url}`, { method: req.method!, headers, ...(body ? { body: new Uint8Array(body) } : {}) }))
-    res.writeHead(answer.status, Object.fromEntries(answer.headers)).end(Buffer.from(await answer.arrayBuffer()))
-  })
-  await new Promise<void>((resolve) => http.listen(0, '127.0.0.1', resolve))
-  return {
-    url: `http://127.0.0.1:${(http.address() as AddressInfo).port}`,
-    received,
-    async close() {
-      await handler.close()
-      await new Promise<void>((resolve) => {
-        http.close(() => resolve())
-        http.closeAllConnections()
-      })
-    },
-  }
-}
-
-async function bytes(req: IncomingMessage): Promise<Buffer> {
-  const chunks: Buffer[] = []
-  for await (const chunk of req) chunks.push(chunk as Buffer)
-  return Buffer.concat(chunks)
+    await answerWith(handler, req, res, body)
+  }, () => handler.close())
+  return { ...server, received }
 }
 
 /** The recipe's route, its create_ticket rule reading the fence from the `fence` argument. */

@@ -1,5 +1,3 @@
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { McpServer as McpServerV1 } from '@modelcontextprotocol/sdk/server/mcp.js'
@@ -12,6 +10,7 @@ import { z } from 'zod'
 import { parseConfig } from '../src/config/schema.js'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { answerWith, listenOnLoopback, readBody } from './helpers/mcp-http.js'
 import { startTicketServer, ticketsRoute, type TicketServer } from './helpers/mcp-ticket-server.js'
 
 // `mcp_refusals: tool_error` (issue 42): a refused tools/call is the call's result, isError:
@@ -44,8 +43,8 @@ async function startServers(): Promise<{ url: string; executions: string[]; vers
     })
     return server
   }
-  const http: Server = createServer(async (req, res) => {
-    const body = req.method === 'POST' ? await bytes(req) : undefined
+  const server = await listenOnLoopback(async (req, res) => {
+    const body = req.method === 'POST' ? await readBody(req) : undefined
     if (req.method === 'POST') versions.push(req.headers['mcp-protocol-version'] as string)
     if (req.url!.startsWith('/schema/')) {
       const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true })
@@ -53,30 +52,9 @@ async function startServers(): Promise<{ url: string; executions: string[]; vers
       await transport.handleRequest(req, res, body ? JSON.parse(body.toString('utf8')) : undefined)
       return
     }
-    const headers = new Headers()
-    for (const [name, value] of Object.entries(req.headers)) if (typeof value === 'string') headers.set(name, value)
-    const answer = await v2.fetch(new Request(`http://127.0.0.1${req.url}`, { method: req.method!, headers, ...(body ? { body: new Uint8Array(body) } : {}) }))
-    res.writeHead(answer.status, Object.fromEntries(answer.headers)).end(Buffer.from(await answer.arrayBuffer()))
-  })
-  await new Promise<void>((resolve) => http.listen(0, '127.0.0.1', resolve))
-  return {
-    url: `http://127.0.0.1:${(http.address() as AddressInfo).port}`,
-    executions,
-    versions,
-    async close() {
-      await v2.close()
-      await new Promise<void>((resolve) => {
-        http.close(() => resolve())
-        http.closeAllConnections()
-      })
-    },
-  }
-}
-
-async function bytes(req: IncomingMessage): Promise<Buffer> {
-  const chunks: Buffer[] = []
-  for await (const chunk of req) chunks.push(chunk as Buffer)
-  return Buffer.concat(chunks)
+    await answerWith(v2, req, res, body)
+  }, () => v2.close())
+  return { ...server, executions, versions }
 }
 
 describe.each(backends())('mcp_refusals: tool_error, on $name', (backend) => {

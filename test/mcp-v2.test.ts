@@ -1,11 +1,10 @@
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { Client, ProtocolError, StreamableHTTPClientTransport } from '@modelcontextprotocol/client'
 import { createMcpHandler, McpServer } from '@modelcontextprotocol/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { z } from 'zod'
 import { backends, type TestDb } from './helpers/backends.js'
 import { startTestGateway, testConfig, type TestGateway } from './helpers/gateway.js'
+import { answerWith, listenOnLoopback, readBody } from './helpers/mcp-http.js'
 import { ticketsRoute, type ReceivedCall } from './helpers/mcp-ticket-server.js'
 
 /** The ticket server on the 2.x line: `createMcpHandler` (stateless, 2026-07-28) behind `node:http`; `/mcp` streams, `/json/mcp` answers JSON. */
@@ -23,37 +22,15 @@ async function startV2TicketServer() {
     return server
   }
   const handlers = { sse: createMcpHandler(factory, { responseMode: 'sse' }), json: createMcpHandler(factory, { responseMode: 'json' }) }
-  const http: Server = createServer(async (req, res) => {
-    const body = req.method === 'POST' ? await bytes(req) : undefined
+  const server = await listenOnLoopback(async (req, res) => {
+    const body = req.method === 'POST' ? await readBody(req) : undefined
     const message = body ? JSON.parse(body.toString('utf8')) as { method?: string; params?: { name?: string; arguments?: { ticket_id?: string } } } : undefined
     if (message?.method === 'tools/call') calls.push({ tool: message.params!.name!, ticket: message.params!.arguments?.ticket_id, fence: req.headers['x-execution-fence'] as string | undefined })
-    const headers = new Headers()
-    for (const [name, value] of Object.entries(req.headers)) if (typeof value === 'string') headers.set(name, value)
-    const handler = req.url!.startsWith('/json/') ? handlers.json : handlers.sse
-    const answer = await handler.fetch(new Request(`http://127.0.0.1${req.url}`, { method: req.method!, headers, ...(body ? { body: new Uint8Array(body) } : {}) }))
-    res.writeHead(answer.status, Object.fromEntries(answer.headers))
-    if (answer.body) for await (const chunk of answer.body as unknown as AsyncIterable<Uint8Array>) res.write(chunk)
-    res.end()
+    await answerWith(req.url!.startsWith('/json/') ? handlers.json : handlers.sse, req, res, body)
+  }, async () => {
+    await Promise.all([handlers.sse.close(), handlers.json.close()])
   })
-  await new Promise<void>((resolve) => http.listen(0, '127.0.0.1', resolve))
-  return {
-    url: `http://127.0.0.1:${(http.address() as AddressInfo).port}`,
-    calls,
-    executions,
-    async close() {
-      await Promise.all([handlers.sse.close(), handlers.json.close()])
-      await new Promise<void>((resolve) => {
-        http.close(() => resolve())
-        http.closeAllConnections()
-      })
-    },
-  }
-}
-
-async function bytes(req: IncomingMessage): Promise<Buffer> {
-  const chunks: Buffer[] = []
-  for await (const chunk of req) chunks.push(chunk as Buffer)
-  return Buffer.concat(chunks)
+  return { ...server, calls, executions }
 }
 
 const meta = (fence?: number, key?: string) => ({

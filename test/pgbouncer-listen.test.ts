@@ -6,7 +6,7 @@ import type { Db } from '../src/store/db.js'
 import { call, until } from './helpers/claim-gateway.js'
 import { pgbouncerBinary, postgresBinaries, startCluster, startPgbouncer, type Cluster, type Pooler } from './helpers/cluster.js'
 import { route } from './helpers/gateway.js'
-import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { metric, runCli, startGatewayProcess, writeConfig, type GatewayProcess } from './helpers/process.js'
 
 /**
  * Behind PgBouncer in transaction mode, LISTEN cannot follow a client across server
@@ -19,12 +19,6 @@ import { runCli, startGatewayProcess, writeConfig, type GatewayProcess } from '.
 const bin = postgresBinaries()
 const bouncer = pgbouncerBinary()
 if (!bin || !bouncer) console.warn('store.listen_url behind PgBouncer: skipped (needs initdb/pg_ctl and Debian\'s pgbouncer)')
-
-async function metric(gw: GatewayProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${gw.adminUrl}/metrics`)).text()
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`))
-  return line ? Number(line.split(' ').at(-1)) : Number.NaN
-}
 
 const wakes = (gw: GatewayProcess, reason: string) => metric(gw, `fencegate_job_claim_wakes{reason="${reason}"}`)
 

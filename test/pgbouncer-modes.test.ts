@@ -3,7 +3,7 @@ import postgres from 'postgres'
 import { call, until } from './helpers/claim-gateway.js'
 import { pgbouncerBinary, postgresBinaries, startCluster, startPgbouncer, type Cluster, type PoolMode, type Pooler } from './helpers/cluster.js'
 import { post } from './helpers/gateway.js'
-import { runCli, startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
+import { metric, runCli, startGatewayProcesses, writeConfig, type GatewayProcess } from './helpers/process.js'
 import { connectPostgres } from '../src/store/postgres.js'
 import { settingsNotInEffect, urlSettings } from '../src/store/url-settings.js'
 import { startKeyCountingUpstream, type TestUpstream } from './helpers/upstream.js'
@@ -20,12 +20,6 @@ import { startKeyCountingUpstream, type TestUpstream } from './helpers/upstream.
 const bin = postgresBinaries()
 const bouncer = pgbouncerBinary()
 if (!bin || !bouncer) console.warn('PgBouncer in both pool modes: skipped (needs initdb/pg_ctl and Debian\'s pgbouncer)')
-
-async function metric(gw: GatewayProcess, name: string): Promise<number> {
-  const text = await (await fetch(`${gw.adminUrl}/metrics`)).text()
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`))
-  return line ? Number(line.split(' ').at(-1)) : Number.NaN
-}
 
 interface LogLine { event: string; worker?: number; rule_version?: number; via?: string }
 const events = (gw: GatewayProcess) => gw.lines.map((l) => JSON.parse(l) as LogLine)

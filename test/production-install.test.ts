@@ -5,6 +5,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { stringify } from 'yaml'
 import { post, route } from './helpers/gateway.js'
+import { untilListening } from './helpers/process.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
 /**
@@ -27,38 +28,17 @@ const user = instruction('USER').split(':').map(Number) as [number, number]
 // In the image, /app is the WORKDIR and these are the volume and the mounted configuration.
 const imagePaths = { app: instruction('WORKDIR'), store: '/var/lib/fencegate', config: '/etc/fencegate' }
 
-interface Started { child: ChildProcess; lines: string[]; stderr: () => string; listening: Promise<{ data_url: string; admin_url: string }> }
-
 /**
  * The image's command (ENTRYPOINT + CMD, `node` being this Node, the image's paths this
  * directory's) as `user`, under a read-only root but for `store`.
  */
-function runAsInImage(app: string, store: string, config: string): Started {
+function runAsInImage(app: string, store: string, config: string): ChildProcess {
   const command = [...JSON.parse(instruction('ENTRYPOINT')) as string[], ...JSON.parse(instruction('CMD')) as string[]]
     .map((arg) => arg === 'node' ? process.execPath : arg.replace(imagePaths.store, store).replace(imagePaths.config, config))
   // unshare and sh exec: the pid spawned is the gateway's, and SIGTERM reaches it as it would PID 1.
   const script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro / && cd "$2" && shift 2 && exec "$@"'
-  const child = spawn('unshare', ['--mount', 'sh', '-c', script, 'sh', store, app,
+  return spawn('unshare', ['--mount', 'sh', '-c', script, 'sh', store, app,
     'setpriv', `--reuid=${user[0]}`, `--regid=${user[1]}`, '--clear-groups', 'env', '-i', 'HOME=/nonexistent', 'NODE_ENV=production', ...command])
-  const lines: string[] = []
-  let err = ''
-  child.stderr.on('data', (c: Buffer) => (err += c))
-  const listening = new Promise<{ data_url: string; admin_url: string }>((resolve, reject) => {
-    let buffered = ''
-    child.on('exit', (code) => reject(new Error(`exited with ${code}: ${err}`)))
-    child.stdout.on('data', (c: Buffer) => {
-      buffered += c
-      let nl
-      while ((nl = buffered.indexOf('\n')) >= 0) {
-        const line = buffered.slice(0, nl)
-        buffered = buffered.slice(nl + 1)
-        lines.push(line)
-        const event = JSON.parse(line) as { event: string; data_url: string; admin_url: string }
-        if (event.event === 'listening') resolve(event)
-      }
-    })
-  })
-  return { child, lines, stderr: () => err, listening }
 }
 
 describe.skipIf(why !== undefined)('the Dockerfile\'s production install, as its user on a read-only root', () => {
@@ -92,12 +72,11 @@ describe.skipIf(why !== undefined)('the Dockerfile\'s production install, as its
     const store = join(dir, 'store')
     mkdirSync(store)
     chownSync(store, ...user)
-    const gw = runAsInImage(app, store, join(dir, 'etc'))
-    const urls = await gw.listening
+    const gw = await untilListening(runAsInImage(app, store, join(dir, 'etc')))
     expect(readFileSync(`/proc/${gw.child.pid}/status`, 'utf8')).toMatch(new RegExp(`^Uid:\\t${user[0]}\\t`, 'm'))
-    expect((await fetch(`${urls.admin_url}/livez`)).status).toBe(200)
-    expect((await fetch(`${urls.admin_url}/readyz`)).status).toBe(200)
-    expect((await post(`${urls.data_url}/payments/1/capture`, '1')).status).toBe(200)
+    expect((await fetch(`${gw.adminUrl}/livez`)).status).toBe(200)
+    expect((await fetch(`${gw.adminUrl}/readyz`)).status).toBe(200)
+    expect((await post(`${gw.dataUrl}/payments/1/capture`, '1')).status).toBe(200)
     // The embedded store is in the directory, as the image's user's.
     expect(readdirSync(store).length).toBeGreaterThan(0)
     expect(statSync(join(store, readdirSync(store)[0]!)).uid).toBe(user[0])
@@ -109,8 +88,8 @@ describe.skipIf(why !== undefined)('the Dockerfile\'s production install, as its
   it('stops at start, naming the path, when the store\'s directory is not the user\'s', async () => {
     const store = join(dir, 'store-root-owned')
     mkdirSync(store)
-    const gw = runAsInImage(app, store, join(dir, 'etc'))
-    await expect(gw.listening).rejects.toThrow(/exited with [1-9]/)
-    expect(gw.stderr()).toContain(`EACCES: permission denied, open '${store}/`)
+    const started = untilListening(runAsInImage(app, store, join(dir, 'etc')))
+    await expect(started).rejects.toThrow(/exited with [1-9]/)
+    await expect(started).rejects.toThrow(`EACCES: permission denied, open '${store}/`)
   })
 })

@@ -67,14 +67,24 @@ export interface GatewayProcess {
 
 /** Starts `fencegate serve` and resolves once it logs `listening` with its URLs. */
 export function startGatewayProcess(args: string[], env: Record<string, string | undefined> = {}): Promise<GatewayProcess> {
+  return untilListening(spawn(process.execPath, [cli, 'serve', ...args], { env: { ...process.env, DATABASE_URL: undefined, ...env } }))
+}
+
+/**
+ * A gateway process started some other way (as another user, in a namespace): resolves once it
+ * logs `listening` with its URLs, and rejects with its stderr if it exits first.
+ *
+ * @example
+ * const gw = await untilListening(spawn('setpriv', ['--reuid=10001', ..., 'node', cli, 'serve']))
+ */
+export function untilListening(child: ChildProcess): Promise<GatewayProcess> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [cli, 'serve', ...args], { env: { ...process.env, DATABASE_URL: undefined, ...env } })
     const lines: string[] = []
     let buffered = ''
     let stderr = ''
-    child.stderr.on('data', (c: Buffer) => (stderr += c))
+    child.stderr!.on('data', (c: Buffer) => (stderr += c))
     child.on('exit', (code) => reject(new Error(`gateway exited with ${code}: ${stderr}`)))
-    child.stdout.on('data', (c: Buffer) => {
+    child.stdout!.on('data', (c: Buffer) => {
       buffered += c
       let nl
       while ((nl = buffered.indexOf('\n')) >= 0) {
@@ -113,4 +123,17 @@ export async function startGatewayProcesses(argLists: string[][]): Promise<Gatew
     throw failed.reason
   }
   return started.map((s) => (s as PromiseFulfilledResult<GatewayProcess>).value)
+}
+
+/**
+ * One sample of a metric from a gateway's `GET /metrics` (the first series of that name), NaN
+ * when it has none.
+ *
+ * @example
+ * expect(await metric(gw, 'fencegate_job_listen_active')).toBe(1)
+ */
+export async function metric(gw: GatewayProcess, name: string): Promise<number> {
+  const text = await (await fetch(`${gw.adminUrl}/metrics`)).text()
+  const line = text.split('\n').find((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`))
+  return line ? Number(line.split(' ').at(-1)) : Number.NaN
 }
