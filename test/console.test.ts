@@ -11,6 +11,7 @@ import { post, route, startTestGateway, testConfig, type TestGateway } from './h
 import { startTracing, type NodeTracing } from '../src/runtime/node/tracing.js'
 import { tracingSettings } from '../src/runtime/node/tracing-env.js'
 import { spanKind, startCollector, type Collector } from './helpers/otlp.js'
+import { ticketsRoute } from './helpers/mcp-ticket-server.js'
 import { hmacAuthenticator, jwtAuth, token } from './helpers/tokens.js'
 import { startUpstream, type TestUpstream } from './helpers/upstream.js'
 
@@ -52,7 +53,8 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     if (!existsSync(built)) throw new Error('dist/ui is missing: run npm run build first (npm test does)')
     t = await backends().find((b) => b.name === 'postgres')!.open()
     upstream = await startUpstream()
-    const config = testConfig([route(upstream.url)], {
+    // The MCP recipe's route too: its refusals carry the rule's own route name (tickets-mcp/create_ticket).
+    const config = testConfig([route(upstream.url), ticketsRoute(upstream.url)], {
       auth: jwtAuth,
       job_types: [{ name: 'send-invoice', lease: '45s' }],
     })
@@ -416,6 +418,27 @@ describe.skipIf(skip !== undefined)('audit console in Chromium', () => {
     await auditor.locator('#rejections-table tbody tr').first().waitFor()
     expect(new Set(await auditor.locator('#rejections-table tbody td:nth-child(8)').allTextContents())).toEqual(new Set(['acme']))
     await auditor.close()
+  })
+
+  it('shows an agent\'s refused tool call under its MCP rule\'s route name, and the Route filter finds it', async () => {
+    const call = { jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'create_ticket', arguments: { ticket_id: 'T-9', title: 'printer' } } }
+    const res = await fetch(`${gw.url}/mcp`, {
+      method: 'POST',
+      headers: { ...(await as('agent-d')), 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-11-25' },
+      body: JSON.stringify(call),
+    })
+    const answer = await res.json() as { id: number; error: { data: { code: string } } }
+    expect([res.status, answer.id]).toEqual([200, 7])
+    const code = answer.error.data.code
+    expect(upstream.received.filter((r) => r.path === '/mcp')).toEqual([])
+    await open('#/rejections')
+    await page.fill('input[name=route]', 'tickets-mcp/create_ticket')
+    await page.locator('form.filters button[type=submit]').click()
+    await page.waitForFunction(() => location.hash.includes('route=tickets-mcp'))
+    await page.locator('#rejections-table tbody tr').first().waitFor()
+    const rows = await page.locator('#rejections-table tbody tr').evaluateAll((trs) => trs.map((tr) => [1, 2, 3, 6].map((i) => tr.children[i]!.textContent)))
+    expect(rows).toEqual([[code, 'tickets-mcp/create_ticket', 'ticket:T-9', 'agent-d']])
+    await shot('rejections-mcp')
   })
 
   it('is keyboard navigable: the screens are reachable with Tab and Enter', async () => {
