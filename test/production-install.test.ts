@@ -1,5 +1,5 @@
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { chmodSync, chownSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { chmodSync, chownSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -29,12 +29,15 @@ const user = instruction('USER').split(':').map(Number) as [number, number]
 const imagePaths = { app: instruction('WORKDIR'), store: '/var/lib/fencegate', config: '/etc/fencegate' }
 
 /**
- * The image's command (ENTRYPOINT + CMD, `node` being this Node, the image's paths this
+ * The image's command (ENTRYPOINT + CMD, `node` being a copy of this Node, the image's paths this
  * directory's) as `user`, under a read-only root but for `store`.
  */
 function runAsInImage(app: string, store: string, config: string): ChildProcess {
+  // The image's node is its own, readable by its user; this Node may live where that user
+  // cannot read (CI's newer lines are under /root/.cache), so a copy beside the app stands in.
+  const node = join(app, '..', 'node')
   const command = [...JSON.parse(instruction('ENTRYPOINT')) as string[], ...JSON.parse(instruction('CMD')) as string[]]
-    .map((arg) => arg === 'node' ? process.execPath : arg.replace(imagePaths.store, store).replace(imagePaths.config, config))
+    .map((arg) => arg === 'node' ? node : arg.replace(imagePaths.store, store).replace(imagePaths.config, config))
   // unshare and sh exec: the pid spawned is the gateway's, and SIGTERM reaches it as it would PID 1.
   const script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro / && cd "$2" && shift 2 && exec "$@"'
   return spawn('unshare', ['--mount', 'sh', '-c', script, 'sh', store, app,
@@ -49,6 +52,8 @@ describe.skipIf(why !== undefined)('the Dockerfile\'s production install, as its
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), 'fencegate-image-'))
     chmodSync(dir, 0o755)
+    copyFileSync(process.execPath, join(dir, 'node'))
+    chmodSync(join(dir, 'node'), 0o755)
     app = join(dir, 'app')
     mkdirSync(app)
     for (const f of ['package.json', 'package-lock.json', 'fencegate.example.yaml']) cpSync(join(repo, f), join(app, f))
