@@ -128,6 +128,17 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
     expect(raised.map((p) => [p.reservation.kind, p.position?.lsn])).toEqual([['replay', undefined], ['replay', expect.stringMatching(/^[0-9A-F]+\/[0-9A-F]+$/)]])
   })
 
+  /** Two gateways' stores on one database, each on its own pool, counting its statements. */
+  const onTwoPools = async (fn: (dbs: ReturnType<typeof counting>[], stores: ReturnType<typeof createStore>[]) => Promise<void>) => {
+    const second = connectPostgres(t.url!)
+    try {
+      const dbs = [counting(t.db), counting(second)]
+      await fn(dbs, dbs.map((db) => createStore(db, { schedule: setImmediate })))
+    } finally {
+      await second.close()
+    }
+  }
+
   // Two gateways' batches over the same keys and entities, paired the other way round and arriving
   // in opposite orders. Decided command by command (fence, key, fence, key…), or with the keys
   // taken in the entities' order, each batch would hold a row the other waits for: PostgreSQL
@@ -135,10 +146,7 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
   // With the keys taken in the entities' order (ko = fo), 80 rounds sent 120 and 140 statements.
   it.skipIf(backend.name !== 'postgres')('takes fence rows, then key rows, in one order: no batch of keys is rolled back', async () => {
     const n = 20
-    const second = connectPostgres(t.url!)
-    try {
-      const dbs = [counting(t.db), counting(second)]
-      const stores = dbs.map((db) => createStore(db, { schedule: setImmediate }))
+    await onTwoPools(async (dbs, stores) => {
       const rounds = 80
       for (let round = 1; round <= rounds; round++) {
         // Odd rounds raise every entity, and the batch that raises first holds them all until it
@@ -154,9 +162,7 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
         expect(decided.filter((k) => k === 'in_progress')).toHaveLength(n)
       }
       expect(dbs.map((db) => db.count)).toEqual([rounds, rounds])
-    } finally {
-      await second.close()
-    }
+    })
   }, 60_000)
 
   // One gateway stores the answers of keys while another presents duplicates of them: the
@@ -164,10 +170,7 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
   // the answers arrived in. Unsorted, 80 rounds rolled one batch of completions back (21 statements).
   it.skipIf(backend.name !== 'postgres')('stores answers in the keys\' order: a batch of completions and one of duplicates do not deadlock', async () => {
     const n = 20
-    const second = connectPostgres(t.url!)
-    try {
-      const dbs = [counting(t.db), counting(second)]
-      const stores = dbs.map((db) => createStore(db, { schedule: setImmediate }))
+    await onTwoPools(async (dbs, stores) => {
       const rounds = 80
       for (let round = 1; round <= rounds; round++) {
         const commands = Array.from({ length: n }, (_, j) => keyed(`k-${round}-${String(j).padStart(2, '0')}`, null, null))
@@ -179,9 +182,7 @@ describe.each(backends())('keys of one turn ($name)', (backend) => {
         expect((await Promise.all(duplicates)).every((d) => d.kind === 'replay' || d.kind === 'in_progress')).toBe(true)
         expect(dbs.map((db) => db.count)).toEqual([1, 1])
       }
-    } finally {
-      await second.close()
-    }
+    })
   }, 60_000)
 
   // The purge of expired keys runs beside reservations that may take the same rows (a key reused
